@@ -244,3 +244,41 @@ def agreed_need(comm, ok, message):
 def env_threads():
     """The BLAS thread count this process was started with (for the report's footnote)."""
     return os.environ.get("OMP_NUM_THREADS", "unset")
+
+
+# ----------------------------------------------------------------------------- model and data flags
+
+def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
+    """The GPT's shape, the global batch and the data: flags shared by the training lessons."""
+    g = p.add_argument_group("model and data")
+    g.add_argument("--n-layer", type=positive_int, default=n_layer)
+    g.add_argument("--n-head", type=positive_int, default=n_head)
+    g.add_argument("--n-embd", type=positive_int, default=n_embd)
+    g.add_argument("--block-size", type=positive_int, default=block_size, help="sequence length T")
+    g.add_argument("--batch-size", type=positive_int, default=batch_size,
+                   help="the global batch in sequences (default %(default)s)")
+    g.add_argument("--dropout", type=float, default=dropout, help="dropout probability in [0, 1)")
+    g.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: Python stdlib source)")
+    return g
+
+
+def config_from_args(args):
+    """GPTConfig from the flags; a shape that cannot work is an InputError."""
+    from minidist.model import GPTConfig
+    need(0.0 <= args.dropout < 1.0, f"--dropout must be in [0, 1), got {args.dropout}")
+    cfg = GPTConfig(block_size=args.block_size, vocab_size=256, n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, dtype=args.dtype)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise InputError(str(e))
+    return cfg
+
+
+def load_dataset(args):
+    """The Dataset for --data (or the default corpus) at --block-size; errors -> InputError."""
+    from minidist.data import Dataset, DataError, load_text
+    try:
+        return Dataset.from_text(load_text(args.data), args.block_size, seed=args.seed)
+    except DataError as e:
+        raise InputError(str(e))

@@ -1,0 +1,158 @@
+"""Lesson 00: one process trains a GPT. Every later lesson is checked against this run.
+
+    python -m minidist.lessons.00_single_process
+    python -m minidist.lessons.00_single_process --steps 300 --n-layer 6 --json out.json
+
+It trains nanoGPT's model on bytes of text (the Python standard library's source by
+default, or --data FILE), printing loss, tokens/s and MFU per step, then a memory table
+measured from the arrays the process holds beside the formula, then checks the engine's
+gradients against central differences on a tiny float64 copy of the model (that check is
+this lesson's `match`), and ends with a sample from the trained model.
+"""
+import time
+
+import numpy as np
+
+from minidist import metrics
+from minidist.backend import dtype_of, to_numpy
+from minidist.data import decode, encode
+from minidist.lessons import harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT, GPTConfig
+from minidist.tensor import MEMORY
+from minidist.train import TrainConfig, estimate_loss, get_lr, micro_batches, train_step
+
+# central differences in float64 with h = 1e-6: truncation ~h^2 and rounding ~1e-16/h
+# leave about 1e-9 of error relative to a tensor's largest gradient; 1e-6 is the bound.
+GRADCHECK_TOL = 1e-6
+
+
+def gradient_check(seed, samples_per_param=3, h=1e-6):
+    """Analytic gradients vs central differences on a tiny float64 GPT.
+
+    For every parameter, a few elements chosen at random are nudged by +-h and the loss
+    recomputed: (L(w+h) - L(w-h)) / 2h. The error of a tensor is the largest difference
+    over its sampled elements divided by the largest |gradient| in the whole tensor.
+    Returns (worst relative error, worst absolute error, name of the worst tensor, count).
+    """
+    cfg = GPTConfig(block_size=8, vocab_size=256, n_layer=2, n_head=2, n_embd=16, dropout=0.0, dtype="float64")
+    model = GPT(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    ids = encode("def f(x):\n    return x * 2\n")
+    starts = rng.integers(0, len(ids) - cfg.block_size - 1, size=2)
+    x = np.stack([ids[s:s + cfg.block_size] for s in starts]).astype(np.int64)
+    y = np.stack([ids[s + 1:s + cfg.block_size + 1] for s in starts]).astype(np.int64)
+    model.zero_grad()
+    model(x, y)[1].backward()
+    worst, worst_abs, worst_name, n_checked = 0.0, 0.0, None, 0
+    for name, p in model.named_parameters():
+        grad = to_numpy(p.grad)
+        errs = []
+        for i in rng.choice(grad.size, size=min(samples_per_param, grad.size), replace=False):
+            at = np.unravel_index(i, grad.shape)
+            old = float(p.data[at])
+            p.data[at] = old + h
+            plus = model(x, y)[1].item()
+            p.data[at] = old - h
+            minus = model(x, y)[1].item()
+            p.data[at] = old
+            errs.append(abs((plus - minus) / (2 * h) - grad[at]))
+            n_checked += 1
+        scale = float(np.max(np.abs(grad))) or 1.0
+        rel = max(errs) / scale
+        if rel >= worst:
+            worst, worst_abs, worst_name = rel, max(errs), name
+    return worst, worst_abs, worst_name, n_checked
+
+
+def main(args):
+    cfg = harness.config_from_args(args)
+    harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    data = harness.load_dataset(args)
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=min(20, args.steps // 10), seed=args.seed,
+                     eval_interval=args.eval_interval)
+    model = GPT(cfg, seed=args.seed)
+    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    n_params = model.get_num_params()  # without the position table, as nanoGPT counts
+    fpt = metrics.flops_per_token(cfg, n_params)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else metrics.measure_peak_flops(cfg.dtype)
+    tokens = args.batch_size * cfg.block_size
+
+    say("Lesson 00: one process trains a GPT (the reference every later lesson is checked against)\n")
+    say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
+        f"vocab={cfg.vocab_size} dropout={cfg.dropout} {cfg.dtype}")
+    say(f"        N = {n_params:,} parameters (all but the position table; lm_head shares wte)")
+    n_train, n_val = (len(data.splits[s]) for s in ("train", "val"))
+    say(f"data    {'default corpus (Python stdlib source)' if args.data is None else args.data}: "
+        f"{n_train:,} train / {n_val:,} val byte tokens")
+    say(f"batch   {args.batch_size} sequences x {cfg.block_size} tokens = {tokens:,} tokens per step")
+    say(f"FLOPs   6N + 12*L*H*Q*T = {fpt / 1e6:.2f} MFLOP per token; peak "
+        f"{'given' if args.peak_tflops else 'measured'} {peak / 1e9:.1f} GFLOP/s "
+        f"({cfg.dtype} matmul, OMP_NUM_THREADS={harness.env_threads()})\n")
+
+    say(f"{'step':>5}  {'loss':>7}  {'lr':>8}  {'ms':>7}  {'tok/s':>8}  {'MFU':>6}")
+    losses, times = [], []
+    for step in range(args.steps):
+        x, y = data.get_batch("train", args.batch_size, step)
+        MEMORY.reset_peak()
+        t0 = time.perf_counter()
+        loss, _ = train_step(model, opt, micro_batches(x, y, step, args.seed), get_lr(step, tc), tc.grad_clip)
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        times.append(dt)
+        if step % args.log_interval == 0 or step == args.steps - 1:
+            say(f"{step:>5}  {loss:7.4f}  {get_lr(step, tc):8.2e}  {dt * 1e3:7.1f}  {tokens / dt:8,.0f}  "
+                f"{metrics.mfu(tokens / dt, fpt, peak):6.1%}")
+        if args.eval_interval and (step + 1) % args.eval_interval == 0:
+            ev = estimate_loss(model, data, args.batch_size, tc.eval_iters)
+            say(f"{'':>5}  validation: train loss {ev['train']:.4f}, val loss {ev['val']:.4f}")
+    step_time = float(np.median(times[1:] if len(times) > 1 else times))
+    say(f"\nloss fell from {losses[0]:.4f} to {losses[-1]:.4f}; median step {step_time * 1e3:.1f} ms, "
+        f"{tokens / step_time:,.0f} tokens/s, MFU {metrics.mfu(tokens / step_time, fpt, peak):.1%}")
+
+    mem = metrics.memory_by_category(model.parameters(), opt, MEMORY.peak_bytes)
+    n_all = sum(p.data.size for p in model.parameters())
+    b = np.dtype(dtype_of(cfg.dtype)).itemsize
+    say(f"\nmemory of this process, measured from the arrays it holds ({n_all:,} parameters x {b} bytes):")
+    harness.table([
+        ["params", fmt_bytes(mem["params"]), fmt_bytes(n_all * b), f"{b} B x N"],
+        ["grads", fmt_bytes(mem["grads"]), fmt_bytes(n_all * b), f"{b} B x N"],
+        ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(2 * n_all * b), f"2 x {b} B x N"],
+        ["activations (peak saved for backward)", fmt_bytes(mem["activations_peak"]), "", "grows with B x T"],
+    ], header=["category", "measured", "formula", ""])
+
+    rel, abs_err, worst_name, n_checked = gradient_check(args.seed)
+    ok = rel <= GRADCHECK_TOL
+    say(f"\ngradient check: backward() vs central differences, float64, tiny GPT (n_layer=2, n_embd=16)")
+    say(f"  {n_checked} elements sampled from every parameter; worst tensor {worst_name}: "
+        f"error {rel:.2e} of its largest gradient (bound {GRADCHECK_TOL:.0e}) -> {'PASS' if ok else 'FAIL'}")
+
+    if args.sample_tokens:
+        start = encode("def ")[None, :].astype(np.int64)
+        out = model.generate(start, args.sample_tokens, temperature=0.8, top_k=40,
+                             rng=np.random.default_rng(args.seed))
+        say(f"\nsample ({args.sample_tokens} tokens, temperature 0.8, top_k 40):\n" + "-" * 60)
+        say(decode(to_numpy(out)[0]))
+        say("-" * 60)
+
+    report = harness.new_report(
+        "00_single_process", args, parallel={"dp": 1, "tp": 1, "pp": 1}, match=ok, max_rel_diff=rel,
+        max_abs_diff=abs_err, tolerance=GRADCHECK_TOL, losses={"reference": losses, "parallel": None},
+        memory=mem, step_time_s=step_time, mfu=metrics.mfu(tokens / step_time, fpt, peak))
+    return harness.finish(report, args)
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=150, dtype="float32")
+    harness.add_model_flags(p, n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16)
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default %(default)s)")
+    p.add_argument("--eval-interval", type=int, default=50, help="steps between validation losses (0: never)")
+    p.add_argument("--log-interval", type=harness.positive_int, default=10, help="steps between printed lines")
+    p.add_argument("--sample-tokens", type=int, default=200, help="length of the closing sample (0: none)")
+    p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s for MFU instead of measuring it")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
