@@ -1,0 +1,168 @@
+"""A GPT with nanoGPT's shape and names, on the minidist engine.
+
+    python -c "from minidist.model import GPT, GPTConfig; m = GPT(GPTConfig()); print(m.get_num_params())"
+
+Classes in dependency order: CausalSelfAttention, MLP, Block, GPTConfig, GPT. Every
+Linear computes x @ W + b with W of shape (in, out), the transpose of PyTorch's weight.
+The output head is tied to the token embedding: logits = x @ wte.T.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy
+
+from minidist import ops
+from minidist.backend import dtype_of, xp
+from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
+from minidist.optim import AdamW
+from minidist.rng import DropoutRNG
+from minidist.tensor import no_grad
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, config):
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.resid_dropout = Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+
+    def forward(self, x, rng=None):
+        B, T, C = x.shape
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = ops.split(self.c_attn(x), self.n_embd, axis=2)     # 3 x (B, T, C)
+        q = q.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
+        k = k.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
+        v = v.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
+        p = self.dropout if self.training else 0.0
+        y = ops.causal_attention(q, k, v, dropout_p=p, rng=rng)        # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)                         # (B, T, C)
+        return self.resid_dropout(self.c_proj(y), rng)
+
+
+class MLP(Module):
+    def __init__(self, config):
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.dropout = Dropout(config.dropout)
+
+    def forward(self, x, rng=None):
+        return self.dropout(self.c_proj(ops.gelu(self.c_fc(x))), rng)   # (B, T, 4C) inside
+
+
+class Block(Module):
+    def __init__(self, config):
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rng=None):
+        x = x + self.attn(self.ln_1(x), rng)
+        x = x + self.mlp(self.ln_2(x), rng)
+        return x
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 128
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    dtype: str = "float32"
+
+    def validate(self):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}): "
+                             f"each head gets n_embd / n_head channels")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
+        dtype_of(self.dtype)          # raises ValueError for an unknown dtype
+        return self
+
+
+class GPT(Module):
+    def __init__(self, config, seed=0):
+        config.validate()
+        self.config, self.seed, self._calls = config, seed, 0
+        self.transformer = ModuleDict(
+            wte=Embedding(config.vocab_size, config.n_embd, dtype=config.dtype),
+            wpe=Embedding(config.block_size, config.n_embd, dtype=config.dtype),
+            drop=Dropout(config.dropout),
+            h=ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype),
+        )
+        self._init_weights(seed)
+
+    def _init_weights(self, seed):
+        """nanoGPT's init: N(0, 0.02) weights, c_proj N(0, 0.02/sqrt(2 n_layer)), zero biases,
+        layer norms at one; drawn in named_parameters order, so a seed fixes every bit."""
+        g = numpy.random.default_rng(seed)
+        dt = dtype_of(self.config.dtype)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.data = xp.zeros(p.shape, dt)
+            elif p.ndim == 1:                                          # layer norm weight
+                p.data = xp.ones(p.shape, dt)
+            else:
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                p.data = xp.asarray(g.normal(0.0, std, size=p.shape), dtype=dt)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; non_embedding leaves out the position table, as nanoGPT does
+        (the token table counts: it is the output head too)."""
+        n = sum(p.size for p in self.parameters())
+        return n - self.transformer.wpe.weight.size if non_embedding else n
+
+    def forward(self, idx, targets=None, rng=None):
+        """idx (B, T) ints -> logits (B, T, vocab) and the mean cross-entropy (or None)."""
+        idx = xp.asarray(idx)
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
+        if rng is None and self.training and self.config.dropout > 0:
+            rng = DropoutRNG(self.seed, self._calls, range(B))         # deterministic repeats
+            self._calls += 1
+        tr = self.transformer
+        tok_emb = tr.wte(idx)                                           # (B, T, C)
+        pos_emb = tr.wpe(xp.arange(T))                                  # (T, C)
+        x = tr.drop(tok_emb + pos_emb, rng)
+        for block in tr.h:
+            x = block(x, rng)
+        x = tr.ln_f(x)
+        logits = x @ tr.wte.weight.T                                    # (B, T, vocab)
+        loss = ops.cross_entropy(logits, xp.asarray(targets)) if targets is not None else None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8):
+        """AdamW with weight decay on 2-D parameters (matmul weights, embeddings) only."""
+        params = self.parameters()
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        return AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); rng a numpy Generator."""
+        rng = rng if rng is not None else numpy.random.default_rng(self.seed)
+        idx = numpy.asarray(idx)
+        was_training = self.training
+        self.eval()
+        with no_grad():
+            for _ in range(max_new_tokens):
+                cond = idx[:, -self.config.block_size:]
+                logits, _ = self(cond)
+                logits = numpy.asarray(logits.numpy()[:, -1, :], dtype=numpy.float64) / temperature
+                if top_k is not None:
+                    kth = numpy.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+                    logits = numpy.where(logits < kth, -numpy.inf, logits)
+                probs = numpy.exp(logits - logits.max(axis=-1, keepdims=True))
+                probs /= probs.sum(axis=-1, keepdims=True)
+                nxt = numpy.array([[rng.choice(len(p), p=p)] for p in probs])
+                idx = numpy.concatenate([idx, nxt], axis=1)
+        self.train(was_training)
+        return idx

@@ -1,0 +1,354 @@
+"""The autograd engine: Tensor, Function, backward().
+
+A `Tensor` wraps an array (`.data`, NumPy or CuPy through `minidist.backend.xp`) and,
+when it came out of a `Function`, the node that made it. Every op is a `Function` with
+a `forward(ctx, *arrays)` and a `backward(ctx, grad)` that returns one gradient per
+input (minidist/ops.py holds them all). `loss.backward()` walks the nodes in reverse
+topological order, hands each node the gradient of its outputs and adds what it
+returns into the inputs: `.grad` of leaves (raw arrays, never Tensors), a slot on the
+producing node for everything else.
+
+Three things the parallel lessons need are built in here:
+- `tensor.register_grad_ready_hook(fn)`: fn(tensor) runs as soon as a leaf's gradient
+  for this backward pass is complete (bucketed data parallelism starts its all-reduce);
+- `backward_step_callback(fn)`: fn() runs after every node's backward, so posted MPI
+  messages can make progress between ops (MPI only moves data inside MPI calls);
+- `MEMORY`: bytes of arrays saved for backward by live nodes, the "activations" row.
+
+    python -c "from minidist.tensor import Tensor; x = Tensor([2.0], requires_grad=True); (x * x).sum().backward(); print(x.grad)"
+"""
+import contextlib
+
+from minidist.backend import xp
+
+# ----------------------------------------------------------------------------- switches
+
+_GRAD_ENABLED = True
+_STEP_CALLBACKS = []
+
+
+def is_grad_enabled():
+    return _GRAD_ENABLED
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Run ops without recording a graph (evaluation, generation, optimizer steps)."""
+    global _GRAD_ENABLED
+    before, _GRAD_ENABLED = _GRAD_ENABLED, False
+    try:
+        yield
+    finally:
+        _GRAD_ENABLED = before
+
+
+@contextlib.contextmanager
+def backward_step_callback(fn):
+    """While active, fn() is called after each node's backward in any backward()."""
+    _STEP_CALLBACKS.append(fn)
+    try:
+        yield
+    finally:
+        _STEP_CALLBACKS.remove(fn)
+
+
+class _Memory:
+    """Bytes of arrays saved for backward by nodes still alive in a graph."""
+
+    def __init__(self):
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def add(self, n):
+        self.live_bytes += n
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+
+    def reset_peak(self):
+        self.peak_bytes = self.live_bytes
+
+
+MEMORY = _Memory()
+
+# ----------------------------------------------------------------------------- Function
+
+
+class Context:
+    """What a Function's forward leaves for its backward."""
+
+    def __init__(self, needs_input_grad, param_ids, recording):
+        self.needs_input_grad = needs_input_grad  # one bool per positional input
+        self.saved = ()
+        self._param_ids = param_ids               # ids of parameter arrays: not activations
+        self._recording = recording
+        self._bytes = 0
+
+    def save_for_backward(self, *arrays):
+        if not self._recording:                   # under no_grad nothing is kept
+            return
+        self.saved = arrays
+        seen = set(self._param_ids)               # count a shared buffer once per node
+        n = 0
+        for a in arrays:
+            if a is not None and hasattr(a, "nbytes") and id(a) not in seen:
+                seen.add(id(a))
+                n += a.nbytes
+        self._bytes = n
+        MEMORY.add(n)
+
+    def release(self):
+        """Free the saved arrays (called once the node's backward has run)."""
+        self.saved = None
+        if self._bytes:
+            MEMORY.add(-self._bytes)
+            self._bytes = 0
+
+    def __del__(self):                            # a graph dropped without backward
+        if self._bytes:
+            MEMORY.add(-self._bytes)
+
+
+class Node:
+    """One recorded call of a Function: its inputs and its outputs' gradient slots."""
+    __slots__ = ("fn", "ctx", "inputs", "out_grads", "out_shapes")
+
+    def __init__(self, fn, ctx, inputs, out_arrays):
+        self.fn, self.ctx, self.inputs = fn, ctx, inputs
+        self.out_grads = [None] * len(out_arrays)
+        self.out_shapes = [(a.shape, a.dtype) for a in out_arrays]
+
+
+class Function:
+    """Subclass with staticmethods forward(ctx, *arrays, **kw) and backward(ctx, grad).
+
+    forward gets the `.data` of Tensor inputs (other positional inputs as they are) and
+    returns an array, or a tuple of arrays for several outputs; backward gets the
+    gradient of each output (one array, or a tuple) and returns one gradient (or None)
+    per positional input.
+    """
+
+    @staticmethod
+    def forward(ctx, *arrays, **kw):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs, **kw):
+        arrays = [t.data if isinstance(t, Tensor) else t for t in inputs]
+        needs = tuple(isinstance(t, Tensor) and t.requires_grad for t in inputs)
+        record = _GRAD_ENABLED and any(needs)
+        params = [id(t.data) for t in inputs if isinstance(t, Tensor) and t.requires_grad
+                  and t._node is None] if record else ()
+        ctx = Context(needs, params, record)
+        out = cls.forward(ctx, *arrays, **kw)
+        many = isinstance(out, tuple)
+        outs = out if many else (out,)
+        if not record:
+            result = tuple(Tensor(o) for o in outs)
+        else:
+            node = Node(cls, ctx, tuple(inputs), outs)
+            result = tuple(Tensor._from_node(o, node, i) for i, o in enumerate(outs))
+        return result if many else result[0]
+
+# ----------------------------------------------------------------------------- Tensor
+
+
+class Tensor:
+    __slots__ = ("data", "grad", "requires_grad", "_node", "_slot", "_hooks", "__weakref__")
+
+    def __init__(self, data, requires_grad=False):
+        if isinstance(data, Tensor):
+            data = data.data
+        self.data = data if isinstance(data, xp.ndarray) else xp.asarray(data)
+        self.grad = None
+        self.requires_grad = requires_grad
+        self._node = None
+        self._slot = 0
+        self._hooks = None
+
+    @classmethod
+    def _from_node(cls, data, node, slot):
+        t = cls(data, requires_grad=True)
+        t._node, t._slot = node, slot
+        return t
+
+    # -- facts about the array
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    is_leaf = property(lambda self: self._node is None)
+
+    def item(self):
+        return self.data.item()
+
+    def numpy(self):
+        from minidist.backend import to_numpy
+        return to_numpy(self.data)
+
+    def detach(self):
+        return Tensor(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
+
+    def __len__(self):
+        return len(self.data)
+
+    def register_grad_ready_hook(self, fn):
+        """fn(self) runs during backward once this leaf's gradient is complete."""
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(fn)
+        return fn
+
+    # -- backward
+    def backward(self, grad=None):
+        """Gradients of this tensor with respect to every leaf that requires grad.
+
+        grad defaults to 1 for a one-element tensor; any other tensor needs an explicit
+        grad of its shape (pipeline stages receive it from the next stage).
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad")
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError(f"backward() without grad needs a one-element tensor, not shape {self.shape}")
+            grad = xp.ones_like(self.data)
+        else:
+            grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
+            if grad.shape != self.shape:
+                raise ValueError(f"grad has shape {grad.shape}, the tensor has shape {self.shape}")
+        if self._node is None:                    # a leaf: its gradient is grad itself
+            _accumulate_leaf(self, grad.copy(), set())
+            _fire(self)
+            return
+        order = _topological_order(self._node)
+        pending = _pending_consumers(order)
+        self._node.out_grads[self._slot] = grad
+        owned = set()                             # ids of arrays already given to a leaf
+        callbacks = _STEP_CALLBACKS
+        for node in reversed(order):
+            ctx = node.ctx
+            if ctx.saved is None:
+                raise RuntimeError("backward through a graph a second time: its saved arrays are freed")
+            grads = [g if g is not None else xp.zeros(s, d)
+                     for g, (s, d) in zip(node.out_grads, node.out_shapes)]
+            node.out_grads = None
+            in_grads = node.fn.backward(ctx, tuple(grads) if len(grads) > 1 else grads[0])
+            ctx.release()
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            for t, g in zip(node.inputs, in_grads):
+                if not isinstance(t, Tensor) or not t.requires_grad:
+                    continue
+                if t._node is None:
+                    if g is not None:
+                        _accumulate_leaf(t, g, owned)
+                    if t._hooks is not None:          # complete once every consumer added
+                        pending[id(t)] -= 1
+                        if pending[id(t)] == 0:
+                            _fire(t)
+                elif g is not None:
+                    slots = t._node.out_grads
+                    old = slots[t._slot]
+                    slots[t._slot] = g if old is None else old + g
+            node.inputs = ()                      # let the graph go as we walk it
+            if callbacks:
+                for fn in callbacks:
+                    fn()
+
+    # -- operators (the Functions live in minidist/ops.py)
+    def _lift(self, other):
+        if isinstance(other, Tensor):
+            return other
+        return Tensor(xp.asarray(other, dtype=self.dtype))  # python scalars keep our dtype
+
+    def __add__(self, o): return _ops().add(self, self._lift(o))
+    def __radd__(self, o): return _ops().add(self._lift(o), self)
+    def __sub__(self, o): return _ops().sub(self, self._lift(o))
+    def __rsub__(self, o): return _ops().sub(self._lift(o), self)
+    def __mul__(self, o): return _ops().mul(self, self._lift(o))
+    def __rmul__(self, o): return _ops().mul(self._lift(o), self)
+    def __truediv__(self, o): return _ops().div(self, self._lift(o))
+    def __rtruediv__(self, o): return _ops().div(self._lift(o), self)
+    def __matmul__(self, o): return _ops().matmul(self, self._lift(o))
+    def __neg__(self): return _ops().neg(self)
+    def __getitem__(self, index): return _ops().getitem(self, index)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return _ops().reshape(self, shape)
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def transpose(self, a, b):
+        return _ops().transpose(self, a, b)
+
+    @property
+    def T(self):
+        return _ops().transpose(self, -1, -2)
+
+    def sum(self, axis=None, keepdims=False):
+        return _ops().sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return _ops().mean(self, axis, keepdims)
+
+
+def _ops():
+    from minidist import ops   # ops imports this module; import late to avoid a cycle
+    return ops
+
+
+def _accumulate_leaf(t, g, owned):
+    """Add g into t.grad. Never write into an array someone else may hold."""
+    if g.dtype != t.data.dtype:
+        g = g.astype(t.data.dtype)
+    if t.grad is None:
+        if id(g) in owned or g.base is not None or g.shape != t.shape:
+            g = xp.array(xp.broadcast_to(g, t.shape))   # a private copy
+        owned.add(id(g))
+        t.grad = g
+    else:
+        t.grad = t.grad + g        # a new array: the old one may be shared with a caller
+
+
+def _fire(t):
+    if t._hooks is not None:
+        for fn in t._hooks:
+            fn(t)
+
+
+def _topological_order(root):
+    """Nodes reachable from root, every node after all the nodes it consumes."""
+    order, seen = [], {id(root)}
+    stack = [(root, iter(root.inputs))]
+    while stack:
+        node, it = stack[-1]
+        for t in it:
+            child = t._node if isinstance(t, Tensor) else None
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append((child, iter(child.inputs)))
+                break
+        else:
+            stack.pop()
+            order.append(node)
+    return order
+
+
+def _pending_consumers(order):
+    """For leaves with grad-ready hooks: how many nodes of this graph will add to .grad."""
+    pending = {}
+    for node in order:
+        for t in node.inputs:
+            if isinstance(t, Tensor) and t._hooks is not None and t._node is None and t.requires_grad:
+                pending[id(t)] = pending.get(id(t), 0) + 1
+    return pending
