@@ -227,6 +227,8 @@ class Tensor:
             _accumulate_leaf(self, grad.copy(), set())
             _fire(self)
             return
+        if self._node.out_grads is None:
+            raise RuntimeError("backward through a graph a second time: its saved arrays are freed")
         order = _topological_order(self._node)
         pending = _pending_consumers(order)
         self._node.out_grads[self._slot] = grad

@@ -1,0 +1,129 @@
+"""The engine: backward from any tensor, accumulation, no_grad, hooks, the memory meter."""
+import numpy as np
+import pytest
+
+from minidist import ops
+from minidist.tensor import MEMORY, Tensor, backward_step_callback, is_grad_enabled, no_grad
+
+
+def test_scalar_backward():
+    x = Tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
+    (x * x).sum().backward()
+    np.testing.assert_allclose(x.grad, 2 * x.data)
+
+
+def test_backward_with_explicit_grad_from_non_scalar():
+    x = Tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    y = x * 3.0
+    g = np.full((2, 3), 0.5)
+    y.backward(g)
+    np.testing.assert_allclose(x.grad, 1.5 * np.ones((2, 3)))
+    with pytest.raises(RuntimeError, match="one-element"):
+        (x * 2.0).backward()
+
+
+def test_inputs_get_gradients_not_only_parameters():
+    inp = Tensor(np.ones((2, 2)), requires_grad=True)     # e.g. a pipeline stage's input
+    w = Tensor(np.full((2, 2), 2.0), requires_grad=True)
+    (inp @ w).sum().backward()
+    np.testing.assert_allclose(inp.grad, np.full((2, 2), 4.0))
+
+
+def test_gradients_accumulate_across_backward_calls():
+    w = Tensor(np.array([1.0, 2.0]), requires_grad=True)
+    (w * 2.0).sum().backward()
+    (w * 3.0).sum().backward()
+    np.testing.assert_allclose(w.grad, [5.0, 5.0])
+
+
+def test_shared_gradient_arrays_are_not_aliased():
+    a = Tensor(np.ones(3), requires_grad=True)
+    b = Tensor(np.ones(3), requires_grad=True)
+    (a + b).sum().backward()                               # add hands the same array to both
+    a.grad *= 10
+    np.testing.assert_allclose(b.grad, np.ones(3))
+
+
+def test_a_tensor_used_twice_sums_both_paths():
+    x = Tensor(np.array([2.0]), requires_grad=True)
+    y = x * x
+    (y + y * x).sum().backward()                          # x^2 + x^3 -> 2x + 3x^2 = 16
+    np.testing.assert_allclose(x.grad, [16.0])
+
+
+def test_no_grad_records_nothing():
+    x = Tensor(np.ones(3), requires_grad=True)
+    with no_grad():
+        assert not is_grad_enabled()
+        y = x * 2.0
+    assert is_grad_enabled()
+    assert not y.requires_grad
+    with pytest.raises(RuntimeError):
+        y.sum().backward()
+
+
+def test_second_backward_through_a_freed_graph_raises():
+    x = Tensor(np.ones(3), requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError):
+        y.backward()
+
+
+def test_grad_ready_hook_fires_once_when_complete():
+    rng = np.random.default_rng(0)
+    w1 = Tensor(rng.standard_normal((4, 4)), requires_grad=True)
+    w2 = Tensor(rng.standard_normal((4, 4)), requires_grad=True)
+    x = Tensor(rng.standard_normal((3, 4)))
+    seen = {}
+
+    def hook(t):
+        assert id(t) not in seen, "hook fired twice"
+        seen[id(t)] = t.grad.copy()
+    w1.register_grad_ready_hook(hook)
+    w2.register_grad_ready_hook(hook)
+    h = ops.gelu(x @ w1) @ w2
+    out = (h @ w1 + h @ w2).sum()                          # w1, w2 each used twice, far apart
+    out.backward()
+    assert set(seen) == {id(w1), id(w2)}
+    np.testing.assert_array_equal(seen[id(w1)], w1.grad)   # the value at fire time is final
+    np.testing.assert_array_equal(seen[id(w2)], w2.grad)
+
+
+def test_backward_step_callback_runs_between_ops():
+    x = Tensor(np.ones(3), requires_grad=True)
+    y = ((x * 2.0) * 3.0).sum()
+    calls = []
+    with backward_step_callback(lambda: calls.append(1)):
+        y.backward()
+    assert len(calls) == 3                                 # mul, mul, sum
+    (x * 2.0).sum().backward()                             # no longer active
+    assert len(calls) == 3
+
+
+def test_memory_meter_counts_saved_activations():
+    w = Tensor(np.ones((64, 64), np.float32), requires_grad=True)
+    x = Tensor(np.ones((8, 64), np.float32))
+    MEMORY.reset_peak()
+    start = MEMORY.live_bytes
+    h = ops.gelu(x @ w)                                    # saves x (2 KB) and h (2 KB); w is a parameter
+    loss = (h * h).sum()
+    assert MEMORY.live_bytes - start == 8 * 64 * 4 * 3     # x, gelu's input, h once for h * h
+    loss.backward()
+    assert MEMORY.peak_bytes - start >= 8 * 64 * 4 * 3
+    assert MEMORY.live_bytes == start
+
+
+def test_memory_is_released_when_a_graph_is_dropped():
+    start = MEMORY.live_bytes
+    x = Tensor(np.ones((10, 10)), requires_grad=True)
+    y = ops.gelu(x * 2.0)                                  # gelu saves its (non-parameter) input
+    assert MEMORY.live_bytes > start
+    del y
+    assert MEMORY.live_bytes == start
+
+
+def test_python_scalars_do_not_upcast():
+    x = Tensor(np.ones(3, np.float32), requires_grad=True)
+    y = (2.5 * x + 1) / 3 - 0.5
+    assert y.dtype == np.float32
