@@ -2,9 +2,10 @@
 learning-rate warm-up then cosine decay, one optimizer step over micro-batches with
 gradient clipping, and a validation loss.
 
-A parallel strategy changes what happens between backward and the optimizer step
-(data parallelism all-reduces gradients there): `train_step(..., sync=fn)` is that slot.
+A parallel strategy changes what happens around backward and before the optimizer step
+(data parallelism all-reduces gradients there): `train_step(..., dp=wrapper)` is that slot.
 """
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -55,22 +56,25 @@ def micro_batches(x, y, step, seed, k=1, first_sample=0):
     return [(x[r], y[r], DropoutRNG(seed, step, first_sample + r)) for r in rows]
 
 
-def train_step(model, optimizer, batches, lr, grad_clip=0.0, sync=None):
+def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None):
     """One optimizer step. Returns (mean loss over the micro-batches, grad norm or None).
 
     batches: [(x, y, rng)] micro-batches; each loss is scaled by 1/k so the accumulated
-    gradient is the gradient of the mean loss. sync(): called after the last backward,
-    before clipping (where data parallelism averages gradients across ranks).
+    gradient is the gradient of the mean loss. dp: a gradient synchroniser (see
+    minidist/parallel/data_parallel.py): each backward runs inside
+    dp.backward_context(last), where it may communicate, and dp.sync() runs after the
+    last one, before clipping.
     """
     params = list(model.parameters())
     optimizer.zero_grad()
     k, total = len(batches), 0.0
-    for x, y, rng in batches:
+    for i, (x, y, rng) in enumerate(batches):
         _, loss = model(x, y, rng=rng)
-        (loss * (1.0 / k)).backward()
+        with dp.backward_context(last=i == k - 1) if dp is not None else contextlib.nullcontext():
+            (loss * (1.0 / k)).backward()
         total += loss.item() / k
-    if sync is not None:
-        sync()
+    if dp is not None:
+        dp.sync()
     norm = clip_grad_norm(params, grad_clip) if grad_clip else None
     optimizer.set_lr(lr)
     optimizer.step()
