@@ -282,3 +282,32 @@ def load_dataset(args):
         return Dataset.from_text(load_text(args.data), args.block_size, seed=args.seed)
     except DataError as e:
         raise InputError(str(e))
+
+
+# ----------------------------------------------------------------------------- training runs
+
+def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=None):
+    """Train `args.steps` steps on rows `rows` of each global batch; return what to compare.
+
+    Every run, reference or parallel, goes through here, so both see the same batches
+    (data.get_batch is a function of the step), the same learning-rate schedule and the
+    same dropout masks (drawn per sample of the global batch). Returns
+    (local losses per step, {"grad:<name>": array, "weight:<name>": array}, step times).
+    """
+    import time
+    from minidist.backend import to_numpy
+    from minidist.train import get_lr, micro_batches, train_step
+    losses, times = [], []
+    for step in range(args.steps):
+        x, y = data.get_batch("train", args.batch_size, step)
+        first = rows.start or 0
+        batches = micro_batches(x[rows], y[rows], step, args.seed, micro, first_sample=first)
+        t0 = time.perf_counter()
+        loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    state = {}
+    for name, p in model.named_parameters():
+        state[f"grad:{name}"] = to_numpy(p.grad)
+        state[f"weight:{name}"] = to_numpy(p.data)
+    return losses, state, times
