@@ -242,9 +242,22 @@ def gelu_backward(x, grad):
     dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(u), c = sqrt(2/pi).
     """
     x2 = x * x
-    t = xp.tanh(GELU_C * x * (1.0 + 0.044715 * x2))
-    dudx = GELU_C * (1.0 + 3 * 0.044715 * x2)
-    return grad * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dudx)
+    t = x2 * 0.044715
+    t += 1.0
+    t *= x
+    t *= GELU_C
+    xp.tanh(t, out=t)                                   # t = tanh(u)
+    x2 *= 3 * 0.044715 * GELU_C
+    x2 += GELU_C                                        # du/dx
+    d = t * t
+    xp.subtract(1.0, d, out=d)
+    d *= x
+    d *= x2
+    t += 1.0
+    t += d
+    t *= 0.5                                            # dy/dx
+    t *= grad
+    return t
 
 
 class GELU(Function):
