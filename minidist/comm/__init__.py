@@ -1,0 +1,28 @@
+"""Hand-written collectives on MPI point-to-point messages, the process grid, byte counters.
+
+    from minidist.comm import ring_all_reduce, ProcessGrid, stats
+
+Files, in reading order:
+    stats.py        bytes and messages per collective, per process
+    checks.py       the agreement check every collective makes first; agree()
+    collectives.py  ring reduce-scatter, ring all-gather, ring all-reduce; all_reduce(impl=)
+    basic.py        broadcast, reduce, naive and recursive-doubling all-reduce
+    p2p.py          send / recv for pipelines, all_to_all for experts
+    nonblocking.py  ring_all_reduce_start: the ring in the background, for overlap
+    grid.py         ProcessGrid: tp x pp x dp sub-communicators
+
+This layer moves NumPy arrays; it never imports the autograd engine.
+"""
+from minidist.comm import stats
+from minidist.comm.basic import broadcast, naive_all_reduce, recursive_doubling_all_reduce, reduce
+from minidist.comm.checks import MismatchError, agree
+from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce, ring_all_gather,
+                                       ring_all_reduce, ring_reduce_scatter)
+from minidist.comm.grid import GridError, ProcessGrid
+from minidist.comm.nonblocking import RingAllReduce, ring_all_reduce_start
+from minidist.comm.p2p import all_to_all, recv, send
+
+__all__ = ["stats", "agree", "MismatchError", "GridError", "ProcessGrid", "all_reduce",
+           "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "naive_all_reduce",
+           "recursive_doubling_all_reduce", "mpi_all_reduce", "broadcast", "reduce",
+           "all_to_all", "send", "recv", "ring_all_reduce_start", "RingAllReduce", "chunk_bounds"]

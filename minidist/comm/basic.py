@@ -1,0 +1,137 @@
+"""The simple collectives: broadcast, reduce, and two all-reduces to compare with the ring.
+
+    naive all-reduce        reduce to rank 0, then broadcast from it. Rank 0 receives
+                            (N-1) M and sends (N-1) M: its link is the bottleneck, and the
+                            time grows linearly with N.
+    recursive doubling      lg N rounds; in round k a rank swaps its whole array with the
+                            rank 2^k away and both add. lg N messages (few: good for tiny
+                            arrays) but M bytes per round (many: bad for large ones).
+                            MPICH's cost model (REFERENCE.md): lg p (alpha + n beta + n gamma).
+
+broadcast and reduce here are linear: the root talks to every other rank in turn. That
+is the textbook's first version; MPI's own use trees. Same conventions as the ring
+(minidist/comm/collectives.py): new arrays, buffers only, counted, checked.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import stats
+from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, shape_of
+
+TAG_BROADCAST, TAG_REDUCE, TAG_DOUBLING = 30011, 30012, 30013
+
+
+def broadcast(comm, x, root=0, check=True):
+    """Every rank gets a copy of root's x. Non-roots may pass x=None (shape from the check)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    with stats.counting("broadcast"):
+        x = None if x is None else np.asarray(x)
+        if check:
+            table = exchange(comm, x, "broadcast", root=root,
+                             none_ok=[r for r in range(size) if r != root])
+            shape, dtype = shape_of(table[root]), dtype_of(table[root])
+        elif x is None:
+            raise ValueError("broadcast: a non-root rank that passes x=None needs check=True")
+        else:
+            shape, dtype = x.shape, x.dtype
+        if rank == root:
+            out = np.array(x, copy=True, order="C")
+            # the root posts one send per rank, then waits for all of them
+            requests = [comm.Isend(out, dest, TAG_BROADCAST) for dest in range(size) if dest != root]
+            MPI.Request.Waitall(requests)
+            stats.add(sent=out.nbytes * (size - 1), messages=size - 1)
+        else:
+            out = np.empty(shape, dtype)
+            comm.Recv(out, root, TAG_BROADCAST)               # wait for the root's copy
+            stats.add(recv=out.nbytes)
+        return out
+
+
+def reduce(comm, x, root=0, op="sum", check=True):
+    """The root gets the reduction of x over all ranks (summed in rank order); others get None."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    x = np.asarray(x)
+    with stats.counting("reduce"):
+        if check:
+            exchange(comm, x, "reduce", op=op, root=root)
+        src = np.ascontiguousarray(x)
+        if rank != root:
+            comm.Send(src, root, TAG_REDUCE)                  # hand my array to the root
+            stats.add(sent=src.nbytes, messages=1)
+            return None
+        combine, incoming = reduce_ufunc(op), np.empty_like(src)
+        out = None
+        for r in range(size):                                 # the root adds them in rank order
+            if r == root:
+                piece = src
+            else:
+                comm.Recv(incoming, r, TAG_REDUCE)
+                stats.add(recv=incoming.nbytes)
+                piece = incoming
+            out = piece.copy() if out is None else combine(out, piece, out=out)
+        return finish_avg(out, size) if op == "avg" else out
+
+
+def naive_all_reduce(comm, x, op="sum", check=True):
+    """Reduce to rank 0, then broadcast from rank 0: simple, and rank 0's link does all the work."""
+    x = np.asarray(x)
+    with stats.counting("all_reduce"):
+        if check:
+            exchange(comm, x, "naive_all_reduce", op=op)
+        total = reduce(comm, x, root=0, op=op, check=False)
+        if total is None:
+            total = np.empty_like(np.ascontiguousarray(x))    # a buffer for the broadcast
+        return broadcast(comm, total, root=0, check=False).reshape(x.shape)
+
+
+def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
+    """All-reduce in lg N rounds of whole-array swaps, for any N.
+
+    With N not a power of two, say N = 6 = 4 + 2: the first 2*2 ranks pair up, the even
+    one of each pair hands its array to the odd one and sits out; the remaining 4 run the
+    doubling rounds; at the end the odd ones hand the result back (MPICH does the same).
+    Partners add the same two arrays, so every rank ends with identical bits.
+    """
+    x = np.asarray(x)
+    with stats.counting("all_reduce"):
+        if check:
+            exchange(comm, x, "recursive_doubling_all_reduce", op=op)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        combine = reduce_ufunc(op)
+        acc = np.array(x, copy=True, order="C").reshape(-1)
+        incoming = np.empty_like(acc)
+        p2 = 1 << (size.bit_length() - 1)                     # largest power of two <= N
+        extra = size - p2
+        # fold the extra ranks in: rank 2i hands its array to rank 2i+1 (i < extra)
+        if rank < 2 * extra and rank % 2 == 0:
+            _send(comm, acc, rank + 1)
+            _recv(comm, acc, rank + 1)                        # ...and later gets the answer
+            return finish_avg(acc, size).reshape(x.shape) if op == "avg" else acc.reshape(x.shape)
+        if rank < 2 * extra:
+            _recv(comm, incoming, rank - 1)
+            combine(incoming, acc, out=acc)                   # lower rank first, as everywhere
+        # my place among the p2 ranks still in the game, and back
+        vrank = rank // 2 if rank < 2 * extra else rank - extra
+        real = lambda v: 2 * v + 1 if v < extra else v + extra
+        distance = 1
+        while distance < p2:
+            partner = real(vrank ^ distance)
+            # swap whole arrays with the partner, then both add the same two arrays
+            comm.Sendrecv(acc, partner, TAG_DOUBLING, incoming, partner, TAG_DOUBLING)
+            stats.add(sent=acc.nbytes, recv=incoming.nbytes, messages=1)
+            lo, hi = (incoming, acc) if partner < rank else (acc, incoming)
+            combine(lo, hi, out=acc)
+            distance *= 2
+        if rank < 2 * extra:
+            _send(comm, acc, rank - 1)                        # give the folded rank its answer
+        return finish_avg(acc, size).reshape(x.shape) if op == "avg" else acc.reshape(x.shape)
+
+
+def _send(comm, buf, dest):
+    comm.Send(buf, dest, TAG_DOUBLING)
+    stats.add(sent=buf.nbytes, messages=1)
+
+
+def _recv(comm, buf, source):
+    comm.Recv(buf, source, TAG_DOUBLING)
+    stats.add(recv=buf.nbytes)

@@ -1,0 +1,188 @@
+"""The ring collectives, written by hand on MPI point-to-point messages.
+
+    mpirun -n 4 python -m minidist.lessons.01_collectives    # watch them run, step by step
+
+Ranks stand in a ring: each sends only to its right neighbour (rank+1) and receives
+only from its left (rank-1), N-1 steps per phase, one chunk of 1/N of the array per
+step. Bytes each rank sends (REFERENCE.md; M the array's bytes, N ranks):
+
+    ring reduce-scatter   N-1 steps       (N-1)/N * M
+    ring all-gather       N-1 steps       (N-1)/N * M
+    ring all-reduce       2(N-1) steps   2(N-1)/N * M    (= reduce-scatter + all-gather)
+
+Every rank sends and receives at once (Sendrecv), so all links are busy every step and
+the time hardly grows with N: that is why the ring wins for large arrays. Chunks are
+`numpy.array_split` chunks: chunk c of a length-n array starts at c*q + min(c, n % N).
+
+Conventions for every collective in minidist.comm: it takes an mpi4py communicator and
+a NumPy array, never changes the input, returns a new array, moves buffers with the
+upper-case mpi4py methods (never pickling), and counts its traffic in
+minidist.comm.stats. Before moving data it checks that the ranks' inputs belong
+together (minidist.comm.checks; `check=False` skips that small extra message).
+"""
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import stats
+from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, shape_of
+
+# Tags of the blocking collectives: a range of their own, so a user's send/recv (tags
+# below 20000) or a non-blocking all-reduce in flight (20000-29999) never matches them.
+TAG_REDUCE_SCATTER, TAG_ALL_GATHER, TAG_ALL_TO_ALL = 30001, 30002, 30003
+
+
+def chunk_bounds(n, size):
+    """Offsets [b0=0, b1, ..., b_size=n] of numpy.array_split(range(n), size): chunk c is [b_c, b_c+1)."""
+    q, r = divmod(n, size)
+    return [c * q + min(c, r) for c in range(size + 1)]
+
+
+def sendrecv(comm, sendbuf, dest, recvbuf, source, tag):
+    """One ring step: send `sendbuf` to dest while receiving `recvbuf` from source."""
+    comm.Sendrecv(sendbuf, dest, tag, recvbuf, source, tag)
+    stats.add(sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
+
+
+def _flat(x):
+    """A 1-D contiguous view of x (a copy only when x is not contiguous)."""
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- the ring's two phases
+
+def _reduce_scatter_phase(comm, src, bounds, op, recv_buffer):
+    """Ring reduce-scatter of the flat array `src`; returns this rank's reduced chunk.
+
+    `recv_buffer(step, c)` gives the place chunk c's partial sum lands in at `step`. At
+    step s rank r sends chunk (r-s-1) and receives chunk (r-s-2), which it adds its own
+    piece of; after N-1 steps the chunk it received last, chunk r, holds all N pieces.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    combine = reduce_ufunc(op)
+    mine = src[bounds[rank]:bounds[rank + 1]]
+    partial = None
+    for step in range(size - 1):
+        send_c, recv_c = (rank - step - 1) % size, (rank - step - 2) % size
+        # first step: my own piece of send_c; later: the partial I completed last step
+        sendbuf = src[bounds[send_c]:bounds[send_c + 1]] if step == 0 else partial
+        recvbuf = recv_buffer(step, recv_c)
+        # pass a partial sum to the right neighbour, take one from the left
+        sendrecv(comm, sendbuf, right, recvbuf, left, TAG_REDUCE_SCATTER)
+        # add my own piece of that chunk, in place in the receive buffer
+        combine(recvbuf, src[bounds[recv_c]:bounds[recv_c + 1]], out=recvbuf)
+        partial = recvbuf
+    return mine.copy() if partial is None else partial
+
+
+def _all_gather_phase(comm, out, bounds):
+    """Ring all-gather in place in the flat array `out`, where chunk `rank` is filled.
+
+    At step s rank r forwards chunk (r-s) to the right and receives chunk (r-s-1) from
+    the left, straight into its place: after N-1 steps every chunk has arrived.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for step in range(size - 1):
+        send_c, recv_c = (rank - step) % size, (rank - step - 1) % size
+        sendrecv(comm, out[bounds[send_c]:bounds[send_c + 1]], right,
+                 out[bounds[recv_c]:bounds[recv_c + 1]], left, TAG_ALL_GATHER)
+
+
+# ----------------------------------------------------------------------------- public ring collectives
+
+def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
+    """Reduce x over all ranks and keep chunk `rank` of numpy.array_split(result, N, axis)."""
+    x = np.asarray(x)
+    with stats.counting("reduce_scatter"):
+        if check:
+            exchange(comm, x, "ring_reduce_scatter", op=op, axis=axis)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        axis %= x.ndim
+        rows = np.moveaxis(x, axis, 0)               # split along the first axis...
+        src = _flat(rows)                             # ...so every chunk is contiguous
+        row = int(np.prod(rows.shape[1:], dtype=np.int64))
+        row_bounds = chunk_bounds(rows.shape[0], size)
+        bounds = [b * row for b in row_bounds]
+        longest = max(bounds[c + 1] - bounds[c] for c in range(size))
+        # two chunk-sized buffers, used in turn: what I send next is what I received last
+        bufs = [np.empty(longest, x.dtype), np.empty(longest if size > 2 else 0, x.dtype)]
+        mine = _reduce_scatter_phase(
+            comm, src, bounds, op, lambda step, c: bufs[step % 2][:bounds[c + 1] - bounds[c]])
+        if op == "avg":
+            finish_avg(mine, size)
+        chunk = mine.reshape((row_bounds[rank + 1] - row_bounds[rank],) + rows.shape[1:])
+        return np.ascontiguousarray(np.moveaxis(chunk, 0, axis))
+
+
+def ring_all_gather(comm, x, axis=0):
+    """Join every rank's piece along `axis`, in rank order; pieces' lengths may differ.
+
+    The pieces' lengths come from the descriptors the check all-gathers first (one
+    small message, counted under "check"), so this collective always checks.
+    """
+    x = np.asarray(x)
+    with stats.counting("all_gather"):
+        table = exchange(comm, x, "ring_all_gather", axis=axis, same_axis=False)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        axis %= x.ndim
+        rows = np.moveaxis(x, axis, 0)
+        lengths = [shape_of(table[r])[axis] for r in range(size)]
+        out = np.empty((sum(lengths),) + rows.shape[1:], dtype=x.dtype)
+        row = int(np.prod(rows.shape[1:], dtype=np.int64))
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n * row)
+        flat = out.reshape(-1)
+        flat[bounds[rank]:bounds[rank + 1]] = rows.reshape(-1)   # my own piece, in its place
+        _all_gather_phase(comm, flat, bounds)
+        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+
+
+def ring_all_reduce(comm, x, op="sum", check=True):
+    """Every rank gets the reduction of x over all ranks: ring reduce-scatter, then ring all-gather.
+
+    The result buffer doubles as the receive buffer: partial sums land in their chunk's
+    place, so besides the result nothing is allocated and nothing is copied.
+    """
+    x = np.asarray(x)
+    with stats.counting("all_reduce"):
+        if check:
+            exchange(comm, x, "ring_all_reduce", op=op)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        src = _flat(x)
+        out = np.empty_like(src)
+        bounds = chunk_bounds(src.size, size)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        if size == 1:
+            out[:] = src
+        else:
+            _reduce_scatter_phase(comm, src, bounds, op, lambda step, c: out[bounds[c]:bounds[c + 1]])
+        if op == "avg":
+            finish_avg(out[lo:hi], size)     # divide my finished chunk once, before sharing it
+        _all_gather_phase(comm, out, bounds)
+        return out.reshape(x.shape)
+
+
+def mpi_all_reduce(comm, x, op="sum"):
+    """MPI's own Allreduce: the baseline the hand-written ones are measured against."""
+    x = np.asarray(x)
+    with stats.counting("mpi_all_reduce"):
+        src = np.ascontiguousarray(x)
+        out = np.empty_like(src)
+        comm.Allreduce(src, out, op=MPI.MAX if op == "max" else MPI.SUM)
+        return finish_avg(out, comm.Get_size()) if op == "avg" else out
+
+
+def all_reduce(comm, x, op="sum", impl="ring", check=True):
+    """All-reduce by one of four algorithms: ring, naive, recursive_doubling or mpi."""
+    from minidist.comm.basic import naive_all_reduce, recursive_doubling_all_reduce
+    impls = {"ring": ring_all_reduce, "naive": naive_all_reduce,
+             "recursive_doubling": recursive_doubling_all_reduce}
+    if impl == "mpi":
+        if check:
+            exchange(comm, np.asarray(x), "mpi_all_reduce", op=op)
+        return mpi_all_reduce(comm, x, op)
+    if impl not in impls:
+        raise ValueError(f"impl must be one of {sorted(impls) + ['mpi']}, not {impl!r}")
+    return impls[impl](comm, x, op=op, check=check)

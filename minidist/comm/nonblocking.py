@@ -1,0 +1,142 @@
+"""A ring all-reduce that runs in the background while the caller computes.
+
+    h = ring_all_reduce_start(comm, grad_bucket)   # posts the first ring step, returns at once
+    ...backward of the next layers, calling h.test() between ops...
+    total = h.wait()                               # finish; the same bits as ring_all_reduce
+
+Same algorithm and bytes as the blocking ring (minidist/comm/collectives.py): 2(N-1)
+steps, one chunk per step, counted under "all_reduce". But each step is an Isend/Irecv
+pair, and `test()` advances the ring as far as it can without waiting: for each step
+whose messages have arrived it adds the received chunk (reduce-scatter phase), then
+posts the next step. MPI only moves data while a process is inside an MPI call, so the
+caller must call test() now and then (DDP's overlap, lesson 02) or wait() at the end.
+
+Several all-reduces may be in flight at once. Each takes its own tag (20000 + a
+counter that every rank advances in the same order: start them in the same order on
+every rank, as DDP's buckets are), so the messages of different handles never mix;
+a ring step's two messages from one neighbour arrive in order within one tag.
+
+Do not change x, nor read the result, before test() returned True or wait() returned.
+The check of shapes and dtypes (one small message, under "check") is MPI's own
+non-blocking Iallgather, finished on the first test() or wait().
+"""
+import itertools
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import stats
+from minidist.comm.checks import finish_avg, post, reduce_ufunc, verify
+from minidist.comm.collectives import _flat, chunk_bounds
+
+TAG_BASE, TAG_SPAN = 20000, 10000
+_tags = itertools.count()
+
+
+class RingAllReduce:
+    """The state of one ring all-reduce in flight: which step, which messages posted."""
+
+    def __init__(self, comm, x, op="sum", tag=None, check=True):
+        self.t_start, self.t_end = time.perf_counter(), None
+        self.comm, self.op = comm, op
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.tag = TAG_BASE + next(_tags) % TAG_SPAN if tag is None else tag
+        x = np.asarray(x)
+        self.shape = x.shape
+        self.src = _flat(x)
+        self.out = np.empty_like(self.src)
+        self.bounds = chunk_bounds(self.src.size, self.size)
+        self.step, self.n_steps = 0, 2 * (self.size - 1)
+        self.requests = []                        # the Isend/Irecv of the step in flight
+        self.recv_c = None
+        stats.add("all_reduce", calls=1)
+        self._check = None
+        if check:                                 # shapes and dtypes: MPI's own Iallgather
+            mine, table = post(comm, x, op)
+            self._check = (comm.Iallgather(mine, table), mine, table)
+        if self.size == 1:
+            self.out[:] = self.src
+        self.test()
+
+    def _chunk(self, a, c):
+        return a[self.bounds[c]:self.bounds[c + 1]]
+
+    def _post_step(self):
+        """Post the Irecv and Isend of the current step."""
+        r, s, n = self.rank, self.step, self.size
+        if s < n - 1:   # reduce-scatter: send chunk r-s-1, receive chunk r-s-2 to add mine to
+            send_c, self.recv_c = (r - s - 1) % n, (r - s - 2) % n
+            sendbuf = self._chunk(self.src if s == 0 else self.out, send_c)
+        else:           # all-gather: forward chunk r-t, receive chunk r-t-1 into its place
+            t = s - (n - 1)
+            send_c, self.recv_c = (r - t) % n, (r - t - 1) % n
+            sendbuf = self._chunk(self.out, send_c)
+        recvbuf = self._chunk(self.out, self.recv_c)
+        self.requests = [self.comm.Irecv(recvbuf, (r - 1) % n, self.tag),
+                         self.comm.Isend(sendbuf, (r + 1) % n, self.tag)]
+        stats.add("all_reduce", sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
+
+    def _finish_step(self):
+        """The step's messages are done: add my piece to the received partial sum."""
+        self.requests = []
+        if self.step < self.size - 1:
+            recvbuf = self._chunk(self.out, self.recv_c)
+            reduce_ufunc(self.op)(recvbuf, self._chunk(self.src, self.recv_c), out=recvbuf)
+        self.step += 1
+
+    def _finish_check(self, wait):
+        request, _, table = self._check
+        if not (request.Wait() if wait else request.Test()):
+            return False
+        self._check = None
+        verify(table, "ring_all_reduce_start", True, ())
+        return True
+
+    def _complete(self):
+        if self.t_end is None:
+            if self.op == "avg":
+                finish_avg(self.out, self.size)
+            self.t_end = time.perf_counter()
+
+    @property
+    def done(self):
+        return self.t_end is not None
+
+    def test(self):
+        """Advance as far as possible without blocking; True when the result is ready."""
+        if self.done:
+            return True
+        if self._check is not None and not self._finish_check(wait=False):
+            return False
+        while self.step < self.n_steps:
+            if not self.requests:
+                self._post_step()
+            if not MPI.Request.Testall(self.requests):
+                return False                      # the neighbours are not there yet
+            self._finish_step()
+        self._complete()
+        return True
+
+    def wait(self):
+        """Finish (blocking) and return the reduced array, shaped like x."""
+        if self._check is not None:
+            self._finish_check(wait=True)
+        while self.step < self.n_steps:
+            if not self.requests:
+                self._post_step()
+            MPI.Request.Waitall(self.requests)
+            self._finish_step()
+        self._complete()
+        return self.out.reshape(self.shape)
+
+    @property
+    def result(self):
+        if not self.done:
+            raise RuntimeError("the all-reduce is still in flight: call wait() first")
+        return self.out.reshape(self.shape)
+
+
+def ring_all_reduce_start(comm, x, op="sum", tag=None, check=True):
+    """Start a non-blocking ring all-reduce of x; returns a RingAllReduce handle."""
+    return RingAllReduce(comm, x, op, tag, check)

@@ -1,0 +1,98 @@
+"""One rank's crash ends the whole MPI job, with that rank's traceback shown once.
+
+Why: in MPI an uncaught exception on one rank ends that process only; the other ranks
+sit in their next receive forever (the job hangs until someone kills it). `import
+minidist` installs hooks for uncaught exceptions, in the main thread (sys.excepthook)
+and in other threads (threading.excepthook), that
+
+  1. print "[rank r] uncaught exception" and the traceback to stderr, flushed, once;
+  2. call MPI_Abort on COMM_WORLD when the job has more than one rank, which makes
+     mpirun end every rank within a second or two with a non-zero exit code.
+
+Installing is cheap: nothing here imports mpi4py. The hook looks in sys.modules; a
+program that never imported mpi4py.MPI has no job to abort.
+
+An `AgreedError` is different: every rank raised it alike, after agreeing (a shape
+mismatch found by a collective's check, a grid that does not fit the world). Nobody is
+left waiting, so the hook prints it on rank 0 only and lets every rank exit normally.
+Errors of bad input that a lesson reports in one line and exit 2 are the lesson
+harness's business (minidist.lessons.harness.InputError) and never reach these hooks.
+"""
+import sys
+import threading
+import traceback
+
+_installed = False
+_reported = threading.Lock()      # taken by the first failure; later ones stay quiet
+
+
+class AgreedError(ValueError):
+    """An error raised on every rank alike, so no rank is left waiting."""
+
+
+def _mpi_world():
+    """(rank, size, COMM_WORLD) if MPI is imported and running, else (0, 1, None)."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return 0, 1, None
+    w = MPI.COMM_WORLD
+    return w.Get_rank(), w.Get_size(), w
+
+
+def report_and_abort(text, code=1):
+    """Print `text` (a traceback, a failed test's report) once, then end the whole job.
+
+    With one rank (or no MPI) it only prints; the caller decides how to end.
+    """
+    rank, size, world = _mpi_world()
+    if _reported.acquire(blocking=False):
+        sys.stdout.flush()
+        prefix = f"[rank {rank}] " if size > 1 else ""
+        sys.stderr.write(f"{prefix}{text.rstrip()}\n")
+        if size > 1:
+            sys.stderr.write(f"[rank {rank}] aborting all {size} ranks (minidist fail-fast)\n")
+        sys.stderr.flush()
+    if world is not None and size > 1:
+        world.Abort(code)
+
+
+def _handle(exc_type, exc, tb, where):
+    rank, size, _ = _mpi_world()
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+        return False
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    if isinstance(exc, AgreedError) and where == "main":
+        # every rank has the same error: one copy of it is enough, and no one hangs
+        if rank == 0 and _reported.acquire(blocking=False):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        return True
+    report_and_abort(f"uncaught exception{where != 'main' and ' in a thread' or ''}:\n{text}")
+    return True
+
+
+def _excepthook(exc_type, exc, tb):
+    if not _handle(exc_type, exc, tb, "main"):
+        _previous_excepthook(exc_type, exc, tb)
+
+
+def _thread_excepthook(args):
+    if args.exc_type is SystemExit or not _handle(args.exc_type, args.exc_value,
+                                                  args.exc_traceback, "thread"):
+        _previous_thread_excepthook(args)
+
+
+_previous_excepthook = sys.excepthook
+_previous_thread_excepthook = threading.excepthook
+
+
+def install():
+    """Install the hooks (idempotent; `import minidist` calls it)."""
+    global _installed, _previous_excepthook, _previous_thread_excepthook
+    if _installed:
+        return
+    _previous_excepthook = sys.excepthook
+    _previous_thread_excepthook = threading.excepthook
+    sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
+    _installed = True
