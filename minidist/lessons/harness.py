@@ -311,3 +311,16 @@ def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=
         state[f"grad:{name}"] = to_numpy(p.grad)
         state[f"weight:{name}"] = to_numpy(p.data)
     return losses, state, times
+
+
+def mpi_reduce(comm, values, op="max"):
+    """Reduce numbers across ranks with MPI's own Allreduce of a float64 buffer.
+
+    For the report (losses, largest differences, bytes): these small messages are not
+    part of what a lesson measures, so they bypass minidist.comm and its counters.
+    """
+    from mpi4py import MPI
+    buf = np.array(values, dtype=np.float64)
+    out = np.empty_like(buf)
+    comm.Allreduce(buf, out, op={"max": MPI.MAX, "sum": MPI.SUM}[op])
+    return out if buf.ndim else float(out)
