@@ -77,3 +77,15 @@ def test_unknown_exercise_file_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "minidist.grade", str(tmp_path / "nope.py")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_stubs_02_are_todo_under_mpirun():
+    mpirun = Path(sys.executable).with_name("mpirun")
+    if not mpirun.exists():
+        pytest.skip("no mpirun beside this Python")
+    proc = subprocess.run([str(mpirun), "-n", "2", sys.executable, "-m", "minidist.grade",
+                           str(ROOT / "lessons" / "exercises" / "02_data_parallel.py")],
+                          capture_output=True, text=True, timeout=120)
+    verdicts = [l.split()[0] for l in proc.stdout.splitlines() if l[:4] in ("PASS", "FAIL", "TODO")]
+    assert verdicts == ["TODO", "TODO"], proc.stdout + proc.stderr
+    assert proc.returncode != 0

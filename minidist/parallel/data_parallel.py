@@ -51,6 +51,34 @@ def replica_checksums(model, comm):
     return out
 
 
+def average_gradients(comm, grads):
+    """The mean of each gradient over all ranks: a ring all-reduce (sum), then / N.
+
+    Returns new arrays; the inputs are left as they are. (Exercise 2.1.)
+    """
+    n = comm.Get_size()
+    return [all_reduce(comm, g, op="sum") / n for g in grads]
+
+
+def assign_buckets(nbytes, bucket_bytes):
+    """Which parameters share a bucket: lists of parameter indices, first bucket first.
+
+    Walk the parameters from the last to the first (backward produces the last layers'
+    gradients first), adding each to the open bucket; close the bucket as soon as it
+    holds at least bucket_bytes. The last bucket may be smaller. (Exercise 2.2.)
+    """
+    buckets, group, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        group.append(i)
+        size += nbytes[i]
+        if size >= bucket_bytes:
+            buckets.append(group)
+            group, size = [], 0
+    if group:
+        buckets.append(group)
+    return buckets
+
+
 class NaiveDataParallel:
     """All-reduce every gradient after backward, one parameter at a time."""
 
@@ -73,10 +101,9 @@ class NaiveDataParallel:
     def sync(self):
         """Average gradients across ranks: a ring all-reduce per parameter, then / N."""
         t0 = time.perf_counter()
-        n = self.comm.Get_size()
-        for p in self.params:
-            grad = p.grad if p.grad is not None else np.zeros_like(p.data)
-            p.grad = all_reduce(self.comm, grad, op="sum") / n
+        grads = [p.grad if p.grad is not None else np.zeros_like(p.data) for p in self.params]
+        for p, g in zip(self.params, average_gradients(self.comm, grads)):
+            p.grad = g
         self.comm_time = time.perf_counter() - t0
 
 
@@ -110,17 +137,10 @@ class BucketedDataParallel:
         self.params = list(model.parameters())
         self.names = {id(p): n for n, p in model.named_parameters()}
         dtype = self.params[0].data.dtype
-        # fill buckets walking the parameters backwards: the last layers' gradients are
-        # ready first in backward, so the first bucket can start early
-        self.buckets, group, size = [], [], 0
-        for p in reversed(self.params):
-            group.append(p)
-            size += p.data.nbytes
-            if size >= bucket_bytes:
-                self.buckets.append(Bucket(len(self.buckets), group, dtype))
-                group, size = [], 0
-        if group:
-            self.buckets.append(Bucket(len(self.buckets), group, dtype))
+        # the last layers' gradients are ready first in backward, so the first bucket
+        # (filled from the last parameters) can start while backward is still running
+        groups = assign_buckets([p.data.nbytes for p in self.params], bucket_bytes)
+        self.buckets = [Bucket(i, [self.params[j] for j in g], dtype) for i, g in enumerate(groups)]
         self.where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         for p in self.params:
             p.register_grad_ready_hook(self._grad_ready)

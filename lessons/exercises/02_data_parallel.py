@@ -1,0 +1,40 @@
+"""Exercise 02: the two ideas of data parallelism, by hand.
+
+Every rank holds the whole model and computes gradients on its own slice of the global
+batch; averaging the gradients over ranks gives exactly the gradient of the whole batch.
+Replace each `raise` with your code, then grade your file under MPI (every rank runs the
+checks; the verdicts are agreed; a deadlock is reported as FAIL after a time limit):
+
+    mpirun -n 4 python -m minidist.grade lessons/exercises/02_data_parallel.py
+    mpirun -n 3 python -m minidist.grade lessons/exercises/02_data_parallel.py
+
+The package's answers are in minidist/parallel/data_parallel.py under the same names.
+"""
+import numpy as np  # noqa: F401  (you will want it)
+
+from minidist.comm import ring_all_reduce  # noqa: F401  (use the hand-written ring, not comm.Allreduce)
+
+
+def average_gradients(comm, grads):
+    """The mean of each gradient over all ranks of `comm`.
+
+    grads: a list of NumPy arrays, the same shapes on every rank (one per parameter).
+    Return a new list of arrays of the same shapes: element-wise (g_0 + g_1 + ... ) / N,
+    where g_r is rank r's array and N = comm.Get_size(). Leave the inputs unchanged.
+    Use ring_all_reduce(comm, x, op="sum") for the communication: the grader checks that
+    the bytes went through minidist's own ring.
+    """
+    raise NotImplementedError("exercise 2.1: average_gradients")
+
+
+def assign_buckets(nbytes, bucket_bytes):
+    """Group parameters into buckets the way PyTorch DDP does.
+
+    nbytes: the size in bytes of each parameter's gradient, in the model's parameter order.
+    Return a list of buckets, each a list of parameter indices, first bucket first:
+    walk the parameters from the LAST to the first (backward produces the gradients of the
+    last layers first, so the first bucket is ready early), add each to the open bucket,
+    and close the bucket as soon as it holds at least bucket_bytes. The last bucket may
+    be smaller. Example: nbytes [100, 200, 50, 300], bucket_bytes 250 -> [[3], [2, 1], [0]].
+    """
+    raise NotImplementedError("exercise 2.2: assign_buckets")
