@@ -1,0 +1,55 @@
+"""Each lesson runs end to end, writes its report with the architecture's keys, and matches."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidist.lessons.harness import REPORT_KEYS
+
+MPIRUN = Path(sys.executable).with_name("mpirun")
+
+
+def run(cmd, tmp_path, n=None):
+    out = tmp_path / "report.json"
+    prefix = [str(MPIRUN), "-n", str(n)] if n else []
+    proc = subprocess.run(prefix + [sys.executable, "-m", *cmd, "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(REPORT_KEYS) <= set(report), f"missing keys: {set(REPORT_KEYS) - set(report)}"
+    assert report["match"] is True
+    return report, proc.stdout
+
+
+def test_lesson_00_trains_checks_gradients_and_samples(tmp_path):
+    report, out = run(["minidist.lessons.00_single_process", "--steps", "30", "--n-layer", "2",
+                       "--n-embd", "64", "--sample-tokens", "40", "--eval-interval", "15"], tmp_path)
+    losses = report["losses"]["reference"]
+    assert len(losses) == 30 and losses[-1] < losses[0] - 0.5, "the loss should fall"
+    assert report["max_rel_diff"] <= report["tolerance"]
+    assert report["comm"] is None and report["world_size"] == 1
+    assert all(report["memory"][k] > 0 for k in ("params", "grads", "optimizer", "activations_peak"))
+    assert 0 < report["mfu"] < 1 and report["step_time_s"] > 0
+    assert "sample (40 tokens" in out and "validation:" in out
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@pytest.mark.parametrize("flags", [[], ["--naive", "--grad-accum", "2"]])
+def test_lesson_02_matches_on_three_ranks(tmp_path, flags):
+    report, out = run(["minidist.lessons.02_data_parallel", "--timing-reps", "1", *flags], tmp_path, n=3)
+    assert report["world_size"] == 3 and report["parallel"]["dp"] == 3
+    assert report["max_rel_diff"] <= 1e-10
+    sent, expected = report["comm"]["bytes_sent"]["all_reduce"], report["comm"]["expected_bytes"]["all_reduce"]
+    assert abs(sent - expected) <= 0.01 * expected
+    assert "replicas after training: identical" in out
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_02_refuses_a_batch_that_does_not_divide(tmp_path):
+    proc = subprocess.run([str(MPIRUN), "-n", "4", sys.executable, "-m", "minidist.lessons.02_data_parallel",
+                           "--batch-size", "10"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("does not divide evenly") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
