@@ -16,7 +16,7 @@ import numpy as np
 from minidist import metrics
 from minidist.backend import dtype_of, to_numpy
 from minidist.data import decode, encode
-from minidist.lessons import harness
+from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import MEMORY
@@ -69,9 +69,9 @@ def gradient_check(seed, samples_per_param=3, h=1e-5):
 
 
 def main(args):
-    cfg = harness.config_from_args(args)
+    cfg = common.config_from_args(args)
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
-    data = harness.load_dataset(args)
+    data = common.load_dataset(args)
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=min(20, args.steps // 10), seed=args.seed,
                      eval_interval=args.eval_interval)
@@ -148,7 +148,7 @@ def main(args):
 
 def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=150, dtype="float32")
-    harness.add_model_flags(p, n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16)
+    common.add_model_flags(p, n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16)
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default %(default)s)")
     p.add_argument("--eval-interval", type=int, default=50, help="steps between validation losses (0: never)")
     p.add_argument("--log-interval", type=harness.positive_int, default=10, help="steps between printed lines")

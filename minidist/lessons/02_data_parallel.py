@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.data import shard_slice
-from minidist.lessons import harness
+from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.data_parallel import (BucketedDataParallel, NaiveDataParallel,
@@ -91,7 +91,7 @@ def draw_timeline(tl, width=56):
 def main(args):
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    cfg = harness.config_from_args(args)
+    cfg = common.config_from_args(args)
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     harness.need(args.bucket_mb > 0, f"--bucket-mb must be positive, got {args.bucket_mb}")
     try:
@@ -99,7 +99,7 @@ def main(args):
     except ValueError as e:
         raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
                                  f"--grad-accum {args.grad_accum}: {e}")
-    data = harness.load_dataset(args)
+    data = common.load_dataset(args)
     mode = "naive (one ring all-reduce per parameter)" if args.naive else f"bucketed ({args.bucket_mb:g} MiB buckets, overlapped)"
     say(f"Lesson 02: data parallelism on {world} ranks, {mode}\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
@@ -116,11 +116,11 @@ def main(args):
     dp = make_dp(model, comm, args)
     MEMORY.reset_peak()
     with stats.measure() as m:
-        losses, state, times = harness.train_and_collect(model, opt, data, args, tc, rows, args.grad_accum, dp)
+        losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, args.grad_accum, dp)
     # a step's loss is the mean over the global batch: average the ranks' means (MPI's own)
-    losses = list(harness.mpi_reduce(comm, losses, "sum") / world)
-    sent = int(harness.mpi_reduce(comm, m.bytes_sent("all_reduce") // args.steps))
-    msgs = int(harness.mpi_reduce(comm, m.messages("all_reduce") // args.steps))
+    losses = list(common.mpi_reduce(comm, losses, "sum") / world)
+    sent = int(common.mpi_reduce(comm, m.bytes_sent("all_reduce") // args.steps))
+    msgs = int(common.mpi_reduce(comm, m.messages("all_reduce") // args.steps))
     grad_bytes = sum(p.data.nbytes for p in model.parameters())
     expected = 2 * (world - 1) * grad_bytes // world
     crcs = replica_checksums(model, comm)
@@ -128,10 +128,10 @@ def main(args):
 
     # --- the reference: one process, the whole global batch, no communication
     ref_model, ref_opt, _ = make_run(args, cfg)
-    ref_losses, ref_state, _ = harness.train_and_collect(ref_model, ref_opt, data, args, tc)
+    ref_losses, ref_state, _ = common.train_and_collect(ref_model, ref_opt, data, args, tc)
     state["loss"], ref_state["loss"] = np.array(losses), np.array(ref_losses)
     rel, abs_diff, worst = harness.compare(state, ref_state)
-    rel, abs_diff = harness.mpi_reduce(comm, [rel, abs_diff])  # every rank compares its own replica
+    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])  # every rank compares its own replica
     tol = harness.TOLERANCE[cfg.dtype]
     identical = len(set(crcs.tolist())) == 1
     match = bool(rel <= tol and identical)
@@ -185,12 +185,12 @@ def harness_memory(model, opt, dp, comm):
     from minidist import metrics
     mem = metrics.memory_by_category(model.parameters(), opt, MEMORY.peak_bytes)
     mem["comm_buffers"] = sum(b.nbytes for b in getattr(dp, "buckets", []))
-    return {k: int(harness.mpi_reduce(comm, v or 0)) for k, v in mem.items()}
+    return {k: int(common.mpi_reduce(comm, v or 0)) for k, v in mem.items()}
 
 
 def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
-    harness.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24)
+    common.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24)
     p.add_argument("--naive", action="store_true", help="all-reduce each gradient after backward (no buckets)")
     p.add_argument("--bucket-mb", type=float, default=0.25,
                    help="bucket size in MiB (default %(default)s; PyTorch DDP uses 25 for big models)")

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.data import Dataset, default_corpus, shard_slice
-from minidist.lessons import harness
+from minidist.lessons import common, harness
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import (BucketedDataParallel, NaiveDataParallel,
                                              broadcast_parameters, replica_checksums)
@@ -39,7 +39,7 @@ def train(dtype="float64", dp=None, accum=1, dropout=0.0, bucket_bytes=2048, ste
         return model, model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
 
     ref_model, ref_opt = fresh()
-    ref_losses, ref_state, _ = harness.train_and_collect(ref_model, ref_opt, DATA, args, tc)
+    ref_losses, ref_state, _ = common.train_and_collect(ref_model, ref_opt, DATA, args, tc)
     model, opt = fresh()
     sync = None
     if dp == "naive":
@@ -48,11 +48,11 @@ def train(dtype="float64", dp=None, accum=1, dropout=0.0, bucket_bytes=2048, ste
         sync = BucketedDataParallel(model, COMM, bucket_bytes=bucket_bytes)
     rows = shard_slice(BATCH, COMM.Get_rank(), COMM.Get_size(), accum)
     with stats.measure() as m:
-        losses, state, _ = harness.train_and_collect(model, opt, DATA, args, tc, rows, accum, sync)
-    state["loss"] = harness.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
+        losses, state, _ = common.train_and_collect(model, opt, DATA, args, tc, rows, accum, sync)
+    state["loss"] = common.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
     ref_state["loss"] = np.array(ref_losses)
     rel, _, _ = harness.compare(state, ref_state)
-    return harness.mpi_reduce(COMM, rel), replica_checksums(model, COMM), sync, m.bytes_sent("all_reduce") / steps
+    return common.mpi_reduce(COMM, rel), replica_checksums(model, COMM), sync, m.bytes_sent("all_reduce") / steps
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

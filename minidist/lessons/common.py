@@ -1,0 +1,86 @@
+"""What the training lessons share beyond the harness: model and data flags, one training
+loop for the reference and the parallel runs, and small reductions for the report.
+
+The reference (one process, whole global batch) and every parallel run go through
+`train_and_collect`, so they see the same batches, schedule and dropout masks; the only
+difference left is the strategy under test.
+"""
+import numpy as np
+
+from minidist.lessons.harness import InputError, need, positive_int
+
+
+def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
+    """The GPT's shape, the global batch and the data: flags shared by the training lessons."""
+    g = p.add_argument_group("model and data")
+    g.add_argument("--n-layer", type=positive_int, default=n_layer)
+    g.add_argument("--n-head", type=positive_int, default=n_head)
+    g.add_argument("--n-embd", type=positive_int, default=n_embd)
+    g.add_argument("--block-size", type=positive_int, default=block_size, help="sequence length T")
+    g.add_argument("--batch-size", type=positive_int, default=batch_size,
+                   help="the global batch in sequences (default %(default)s)")
+    g.add_argument("--dropout", type=float, default=dropout, help="dropout probability in [0, 1)")
+    g.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: Python stdlib source)")
+    return g
+
+
+def config_from_args(args):
+    """GPTConfig from the flags; a shape that cannot work is an InputError."""
+    from minidist.model import GPTConfig
+    need(0.0 <= args.dropout < 1.0, f"--dropout must be in [0, 1), got {args.dropout}")
+    cfg = GPTConfig(block_size=args.block_size, vocab_size=256, n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, dtype=args.dtype)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise InputError(str(e))
+    return cfg
+
+
+def load_dataset(args):
+    """The Dataset for --data (or the default corpus) at --block-size; errors -> InputError."""
+    from minidist.data import Dataset, DataError, load_text
+    try:
+        return Dataset.from_text(load_text(args.data), args.block_size, seed=args.seed)
+    except DataError as e:
+        raise InputError(str(e))
+
+
+def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=None):
+    """Train `args.steps` steps on rows `rows` of each global batch; return what to compare.
+
+    Every run, reference or parallel, goes through here, so both see the same batches
+    (data.get_batch is a function of the step), the same learning-rate schedule and the
+    same dropout masks (drawn per sample of the global batch). Returns
+    (local losses per step, {"grad:<name>": array, "weight:<name>": array}, step times).
+    """
+    import time
+    from minidist.backend import to_numpy
+    from minidist.train import get_lr, micro_batches, train_step
+    losses, times = [], []
+    for step in range(args.steps):
+        x, y = data.get_batch("train", args.batch_size, step)
+        first = rows.start or 0
+        batches = micro_batches(x[rows], y[rows], step, args.seed, micro, first_sample=first)
+        t0 = time.perf_counter()
+        loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    state = {}
+    for name, p in model.named_parameters():
+        state[f"grad:{name}"] = to_numpy(p.grad)
+        state[f"weight:{name}"] = to_numpy(p.data)
+    return losses, state, times
+
+
+def mpi_reduce(comm, values, op="max"):
+    """Reduce numbers across ranks with MPI's own Allreduce of a float64 buffer.
+
+    For the report (losses, largest differences, bytes): these small messages are not
+    part of what a lesson measures, so they bypass minidist.comm and its counters.
+    """
+    from mpi4py import MPI
+    buf = np.array(values, dtype=np.float64)
+    out = np.empty_like(buf)
+    comm.Allreduce(buf, out, op={"max": MPI.MAX, "sum": MPI.SUM}[op])
+    return out if buf.ndim else float(out)
