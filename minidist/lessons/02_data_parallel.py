@@ -130,7 +130,7 @@ def main(args):
     ref_model, ref_opt, _ = make_run(args, cfg)
     ref_losses, ref_state, _ = common.train_and_collect(ref_model, ref_opt, data, args, tc)
     state["loss"], ref_state["loss"] = np.array(losses), np.array(ref_losses)
-    rel, abs_diff, worst = harness.compare(state, ref_state)
+    rel, abs_diff, _ = harness.compare(state, ref_state)
     rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])  # every rank compares its own replica
     tol = harness.TOLERANCE[cfg.dtype]
     identical = len(set(crcs.tolist())) == 1
@@ -139,15 +139,20 @@ def main(args):
     say("what was compared: loss per step, every gradient after the last step, every weight after it")
     harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
                   header=["step", "loss 1 process", f"loss {world} ranks"])
-    say(f"  largest difference: {worst} (max_rel_diff {rel:.2e}, tolerance {tol:.0e})")
+    for kind, prefix in (("losses", "loss"), ("gradients", "grad:"), ("weights", "weight:")):
+        part = [k for k in state if k.startswith(prefix)]
+        r, _, w = harness.compare({k: state[k] for k in part}, {k: ref_state[k] for k in part})
+        r = common.mpi_reduce(comm, r)
+        say(f"  {kind:<10} max_rel_diff {r:.1e}" + (f"  (largest in {w.split(':')[1]} on rank 0)" if ":" in w else ""))
+    say(f"  tolerance {tol:.0e} ({cfg.dtype}): {'within' if rel <= tol else 'OUTSIDE'}")
     say(f"  replicas after training: {'identical' if identical else 'DIFFERENT'} on all {world} ranks "
         f"(CRC of the weights {crcs[0] & 0xffffffff:08x}{'' if identical else ' ...'})\n")
 
     say(f"communication per step, per rank (gradients: {fmt_bytes(grad_bytes)} = {grad_bytes // cfg_itemsize(cfg):,} "
         f"values x {cfg_itemsize(cfg)} B)")
-    say(f"  measured: {fmt_bytes(sent)} sent in {msgs} messages; formula 2(N-1)/N x {fmt_bytes(grad_bytes)} "
-        f"= {fmt_bytes(expected)}" + ("" if sent == expected else
-                                        "  (ring chunks differ by up to one element when a length does not divide by N)"))
+    say(f"  measured  {sent:>12,} B sent in {msgs} messages (the most of any rank)")
+    say(f"  formula   {expected:>12,} B = 2(N-1)/N x {grad_bytes:,} B" + ("  equal" if sent == expected else
+        f"\n  ({sent - expected:+,} B: ring chunks differ by up to one element when a length does not divide by N)"))
 
     t_naive = time_sync(model, comm, args, data, naive=True)
     t_bucket = time_sync(model, comm, args, data, naive=False)
