@@ -99,7 +99,7 @@ def main(args):
     except ValueError as e:
         raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
                                  f"--grad-accum {args.grad_accum}: {e}")
-    data = common.load_dataset(args)
+    data = common.load_dataset(args, comm)
     mode = "naive (one ring all-reduce per parameter)" if args.naive else f"bucketed ({args.bucket_mb:g} MiB buckets, overlapped)"
     say(f"Lesson 02: data parallelism on {world} ranks, {mode}\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "

@@ -37,13 +37,24 @@ def config_from_args(args):
     return cfg
 
 
-def load_dataset(args):
-    """The Dataset for --data (or the default corpus) at --block-size; errors -> InputError."""
+def load_dataset(args, comm=None):
+    """The Dataset for --data (or the default corpus) at --block-size; errors -> InputError.
+
+    With a communicator, the ranks agree first: a file missing on one node's disk stops
+    every rank with the message, instead of one rank leaving while the others wait.
+    """
     from minidist.data import Dataset, DataError, load_text
+    from minidist.lessons.harness import agreed_need
+    error, dataset = None, None
     try:
-        return Dataset.from_text(load_text(args.data), args.block_size, seed=args.seed)
+        dataset = Dataset.from_text(load_text(args.data), args.block_size, seed=args.seed)
     except DataError as e:
-        raise InputError(str(e))
+        error = str(e)
+    if comm is not None:
+        agreed_need(comm, error is None, error or f"--data {args.data} could not be read")
+    elif error:
+        raise InputError(error)
+    return dataset
 
 
 def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=None):
