@@ -54,7 +54,7 @@ def reduce(comm, x, root=0, op="sum", check=True):
     with stats.counting("reduce"):
         if check:
             exchange(comm, x, "reduce", op=op, root=root)
-        src = np.ascontiguousarray(x)
+        src = np.asarray(x, order="C")
         if rank != root:
             comm.Send(src, root, TAG_REDUCE)                  # hand my array to the root
             stats.add(sent=src.nbytes, messages=1)
@@ -80,7 +80,7 @@ def naive_all_reduce(comm, x, op="sum", check=True):
             exchange(comm, x, "naive_all_reduce", op=op)
         total = reduce(comm, x, root=0, op=op, check=False)
         if total is None:
-            total = np.empty_like(np.ascontiguousarray(x))    # a buffer for the broadcast
+            total = np.empty_like(np.asarray(x, order="C"))    # a buffer for the broadcast
         return broadcast(comm, total, root=0, check=False).reshape(x.shape)
 
 

@@ -45,7 +45,7 @@ def sendrecv(comm, sendbuf, dest, recvbuf, source, tag):
 
 def _flat(x):
     """A 1-D contiguous view of x (a copy only when x is not contiguous)."""
-    return np.ascontiguousarray(x).reshape(-1)
+    return np.asarray(x, order="C").reshape(-1)
 
 
 # ----------------------------------------------------------------------------- the ring's two phases
@@ -112,7 +112,7 @@ def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
         if op == "avg":
             finish_avg(mine, size)
         chunk = mine.reshape((row_bounds[rank + 1] - row_bounds[rank],) + rows.shape[1:])
-        return np.ascontiguousarray(np.moveaxis(chunk, 0, axis))
+        return np.asarray(np.moveaxis(chunk, 0, axis), order="C")
 
 
 def ring_all_gather(comm, x, axis=0):
@@ -136,7 +136,7 @@ def ring_all_gather(comm, x, axis=0):
         flat = out.reshape(-1)
         flat[bounds[rank]:bounds[rank + 1]] = rows.reshape(-1)   # my own piece, in its place
         _all_gather_phase(comm, flat, bounds)
-        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+        return np.asarray(np.moveaxis(out, 0, axis), order="C")
 
 
 def ring_all_reduce(comm, x, op="sum", check=True):
@@ -168,7 +168,7 @@ def mpi_all_reduce(comm, x, op="sum"):
     """MPI's own Allreduce: the baseline the hand-written ones are measured against."""
     x = np.asarray(x)
     with stats.counting("mpi_all_reduce"):
-        src = np.ascontiguousarray(x)
+        src = np.asarray(x, order="C")
         out = np.empty_like(src)
         comm.Allreduce(src, out, op=MPI.MAX if op == "max" else MPI.SUM)
         return finish_avg(out, comm.Get_size()) if op == "avg" else out

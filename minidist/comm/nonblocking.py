@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import finish_avg, post, reduce_ufunc, verify
+from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, verify
 from minidist.comm.collectives import _flat, chunk_bounds
 
 TAG_BASE, TAG_SPAN = 20000, 10000
@@ -51,13 +51,15 @@ class RingAllReduce:
         self.requests = []                        # the Isend/Irecv of the step in flight
         self.recv_c = None
         stats.add("all_reduce", calls=1)
-        self._check = None
+        self._check, self._error = None, None
         if check:                                 # shapes and dtypes: MPI's own Iallgather
             mine, table = post(comm, x, op)
             self._check = (comm.Iallgather(mine, table), mine, table)
         if self.size == 1:
             self.out[:] = self.src
-        self.test()
+        if self._check is None or self._finish_check(wait=False):
+            if self._error is None:
+                self.test()                       # post the first step right away
 
     def _chunk(self, a, c):
         return a[self.bounds[c]:self.bounds[c + 1]]
@@ -90,7 +92,10 @@ class RingAllReduce:
         if not (request.Wait() if wait else request.Test()):
             return False
         self._check = None
-        verify(table, "ring_all_reduce_start", True, ())
+        try:
+            verify(table, "ring_all_reduce_start", True, ())
+        except MismatchError as e:     # raised by test() or wait(), never by the start
+            self._error = e
         return True
 
     def _complete(self):
@@ -109,6 +114,8 @@ class RingAllReduce:
             return True
         if self._check is not None and not self._finish_check(wait=False):
             return False
+        if self._error is not None:
+            raise self._error
         while self.step < self.n_steps:
             if not self.requests:
                 self._post_step()
@@ -122,6 +129,8 @@ class RingAllReduce:
         """Finish (blocking) and return the reduced array, shaped like x."""
         if self._check is not None:
             self._finish_check(wait=True)
+        if self._error is not None:
+            raise self._error
         while self.step < self.n_steps:
             if not self.requests:
                 self._post_step()

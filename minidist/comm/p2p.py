@@ -28,7 +28,7 @@ def _check_tag(tag):
 def send(comm, x, dest, tag=0):
     """Send array x to rank dest (blocking until x may be reused)."""
     _check_tag(tag)
-    x = np.ascontiguousarray(x)
+    x = np.asarray(x, order="C")
     if x.ndim > MAX_DIMS or x.dtype.hasobject:
         raise ValueError(f"send: cannot describe an array of shape {x.shape} and dtype {x.dtype}")
     header = describe(x, None, None, None, False)
@@ -61,7 +61,7 @@ def all_to_all(comm, x, axis=0):
         table = exchange(comm, x, "all_to_all", axis=axis, same_axis=False)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
-        rows = np.ascontiguousarray(np.moveaxis(x, axis, 0))
+        rows = np.asarray(np.moveaxis(x, axis, 0), order="C")
         row = int(np.prod(rows.shape[1:], dtype=np.int64))
         # what I send: chunk j of my rows goes to rank j
         send_bounds = chunk_bounds(rows.shape[0], size)
@@ -77,4 +77,4 @@ def all_to_all(comm, x, axis=0):
             # step k: send rank+k its chunk while rank-k sends me mine
             sendrecv(comm, piece(src, send_bounds, to), to,
                      piece(dst, recv_bounds, frm), frm, TAG_ALL_TO_ALL)
-        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+        return np.asarray(np.moveaxis(out, 0, axis), order="C")

@@ -1,0 +1,59 @@
+"""ProcessGrid: coordinates with tp fastest, the three groups, and clear errors.
+
+    mpirun -n 8 python -m pytest -q --only-mpi tests/mpi/test_grid.py
+"""
+import numpy as np
+import pytest
+
+from minidist.comm import GridError, ProcessGrid
+
+pytestmark = pytest.mark.mpi
+
+
+def factorizations(size):
+    return [(tp, pp) for tp in range(1, size + 1) for pp in range(1, size + 1) if size % (tp * pp) == 0]
+
+
+def members(sub, world):
+    """The world ranks in sub-communicator `sub`, in its rank order (MPI's own Allgather)."""
+    mine = np.array([world.Get_rank()], dtype=np.int64)
+    everyone = np.empty(sub.Get_size(), dtype=np.int64)
+    sub.Allgather(mine, everyone)
+    return everyone.tolist()
+
+
+def test_every_factorization(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    for tp, pp in factorizations(size):
+        g = ProcessGrid(tp=tp, pp=pp)
+        dp = size // (tp * pp)
+        where = f"grid tp={tp} pp={pp} dp={dp}, rank {rank}"
+        assert (g.tp, g.pp, g.dp) == (tp, pp, dp), where
+        assert rank == g.dp_rank * pp * tp + g.pp_rank * tp + g.tp_rank, f"{where}: tp must vary fastest"
+        assert g.rank_of(g.dp_rank, g.pp_rank, g.tp_rank) == rank
+        for name, sub, want_rank, group in (("tp", g.tp_comm, g.tp_rank, g.tp_group()),
+                                            ("pp", g.pp_comm, g.pp_rank, g.pp_group()),
+                                            ("dp", g.dp_comm, g.dp_rank, g.dp_group())):
+            assert sub.Get_rank() == want_rank, f"{where}: my rank in {name}_comm is {sub.Get_rank()}"
+            assert members(sub, comm) == group, \
+                f"{where}: {name}_comm holds ranks {members(sub, comm)}, expected {group}"
+        g.free()
+
+
+def test_dp_is_inferred_and_str_is_a_table(comm):
+    g = ProcessGrid()
+    assert (g.tp, g.pp, g.dp) == (1, 1, comm.Get_size())
+    text = str(g)
+    assert "tp group" in text and len(text.splitlines()) == comm.Get_size() + 3, text
+    g.free()
+
+
+@pytest.mark.parametrize("kw", [dict(tp=3, pp=3), dict(tp=1, pp=1, dp=99), dict(tp=0), dict(pp=-1)])
+def test_mismatch_is_a_clear_error(comm, kw):
+    size = comm.Get_size()
+    if kw.get("tp") == 3 and size % 9 == 0:
+        pytest.skip("9 divides this world")
+    with pytest.raises(GridError) as err:
+        ProcessGrid(**kw)
+    assert isinstance(err.value, ValueError)
+    assert "tp" in str(err.value) or "pp" in str(err.value)

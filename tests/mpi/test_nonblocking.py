@@ -1,0 +1,71 @@
+"""The non-blocking ring all-reduce gives the blocking ring's very bits, several at a time.
+
+    mpirun -n 4 python -m pytest -q --only-mpi tests/mpi/test_nonblocking.py
+"""
+import numpy as np
+import pytest
+
+from minidist.comm import MismatchError, ring_all_reduce, ring_all_reduce_start, stats
+from mpi_helpers import assert_close, inputs, reference
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 17, 1000])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_wait_equals_blocking(comm, n, op):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    xs = inputs(size, (n,), np.float64, seed=20)
+    before = xs[rank].copy()
+    handle = ring_all_reduce_start(comm, xs[rank], op=op)
+    got = handle.wait()
+    assert np.array_equal(got, ring_all_reduce(comm, xs[rank], op=op)), \
+        f"non-blocking op={op} n={n} differs from the blocking ring on rank {rank}"
+    assert_close(got, reference(xs, op), f"non-blocking op={op} n={n}")
+    assert np.array_equal(xs[rank], before), "the input was changed"
+    assert handle.done and handle.t_end >= handle.t_start
+
+
+def test_several_in_flight_with_interleaved_tests(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    shapes = [(5,), (3, 4), (64,), (0,), (2 * size + 1,), (7, 2)]
+    xs = [inputs(size, s, np.float32, seed=21 + i) for i, s in enumerate(shapes)]
+    handles = [ring_all_reduce_start(comm, x[rank]) for x in xs]
+    # ranks poll in different orders, as ranks of a real job do
+    order = list(range(len(handles)))
+    np.random.default_rng(rank).shuffle(order)
+    polls = 0
+    while not all(h.done for h in handles):
+        for i in order:
+            handles[i].test()
+        polls += 1
+        assert polls < 100000, f"rank {rank}: the rings made no progress"
+    for i, (h, x) in enumerate(zip(handles, xs)):
+        assert np.array_equal(h.result, ring_all_reduce(comm, x[rank])), \
+            f"all-reduce #{i} of shape {shapes[i]} differs from the blocking ring"
+
+
+def test_wait_in_reverse_order(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    xs = [inputs(size, (10 + i,), np.float64, seed=30 + i) for i in range(4)]
+    handles = [ring_all_reduce_start(comm, x[rank]) for x in xs]
+    for h, x in reversed(list(zip(handles, xs))):
+        assert_close(h.wait(), reference(x, "sum"), "wait() in reverse order of start")
+
+
+def test_counted_like_the_blocking_ring(comm):
+    x = np.ones(4 * comm.Get_size() + 1, np.float32)
+    with stats.measure() as blocking:
+        ring_all_reduce(comm, x)
+    with stats.measure() as background:
+        ring_all_reduce_start(comm, x).wait()
+    assert background["all_reduce"] == blocking["all_reduce"], \
+        f"non-blocking counted {background['all_reduce']}, blocking {blocking['all_reduce']}"
+
+
+def test_mismatch_found_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("a disagreement needs two ranks")
+    handle = ring_all_reduce_start(comm, np.zeros(3 + comm.Get_rank()))
+    with pytest.raises(MismatchError):
+        handle.wait()
