@@ -1,0 +1,279 @@
+"""Lesson 01: collectives written by hand on point-to-point messages, measured.
+
+    mpirun -n 4 python -m minidist.lessons.01_collectives
+    mpirun -n 3 python -m minidist.lessons.01_collectives --size-mib 4 --json out.json
+    mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
+
+It draws the ring for this world step by step, runs every collective of minidist.comm
+on an array whose length does not divide by N and compares each with one process's
+answer and with MPI's own, then times them on --size-mib MiB and prints bytes sent per
+rank (measured beside REFERENCE.md's formula), messages, time and bus bandwidth. It
+ends with the alpha-beta model: why the ring wins for large arrays and loses for tiny.
+"""
+import math
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import (all_to_all, broadcast, chunk_bounds, mpi_all_reduce, naive_all_reduce,
+                           recursive_doubling_all_reduce, reduce, ring_all_gather, ring_all_reduce,
+                           ring_reduce_scatter, stats)
+from minidist.lessons import harness
+from minidist.lessons.harness import fmt_bytes, say
+
+# float32 sums of N numbers in another order differ by a few 1e-7 of the largest value;
+# float64 by a few 1e-16. The bounds leave a margin of 10-100 and still catch a wrong chunk.
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+
+
+# ----------------------------------------------------------------------------- the picture
+
+def draw_ring(n):
+    """Print the ring reduce-scatter and all-gather for n ranks, as a table per step.
+
+    Rank r's own piece of chunk c is written with r's letter (a, b, c, ...); a cell lists
+    the ranks whose pieces it holds summed, '*' marks what arrived this step.
+    """
+    letters = "abcdefgh"[:n]
+    held = [[letters[r] for _ in range(n)] for r in range(n)]     # held[rank][chunk]
+    cell = lambda s: "all" if len(s) == n else "+".join(sorted(s))
+
+    def show(title, fresh):
+        say(title)
+        say("          " + "".join(f"chunk {c:<6}" for c in range(n)))
+        for r in range(n):
+            say(f"  rank {r}  " + "".join(f"{cell(held[r][c]) + ('*' if (r, c) in fresh else ''):<12}"
+                                          for c in range(n)))
+
+    show(f"start: rank r holds its own array (letter r), cut into {n} chunks", set())
+    for step in range(n - 1):
+        sent = [(r, (r - step - 1) % n) for r in range(n)]        # (sender, chunk)
+        moves = ", ".join(f"{r}->{(r + 1) % n}:c{c}" for r, c in sent)
+        for r, c in sent:
+            held[(r + 1) % n][c] = held[(r + 1) % n][c] + held[r][c]
+        show(f"\nreduce-scatter step {step + 1}/{n - 1}: rank r sends chunk r-{step + 1} right, "
+             f"the receiver adds it to its own piece ({moves})",
+             {((r + 1) % n, c) for r, c in sent})
+    say(f"-> rank r now holds chunk r summed over all ranks ('all'): that is reduce-scatter.")
+    for step in range(n - 1):
+        sent = [(r, (r - step) % n) for r in range(n)]
+        moves = ", ".join(f"{r}->{(r + 1) % n}:c{c}" for r, c in sent)
+        for r, c in sent:
+            held[(r + 1) % n][c] = held[r][c]                      # copy, no adding
+        show(f"\nall-gather step {step + 1}/{n - 1}: rank r forwards chunk r{f'-{step}' if step else ''} "
+             f"right, the receiver keeps it ({moves})",
+             {((r + 1) % n, c) for r, c in sent})
+    say(f"-> every rank holds every chunk summed: all-reduce in 2(N-1) = {2 * (n - 1)} steps.\n")
+
+
+# ----------------------------------------------------------------------------- the collectives
+
+def key(label):
+    """'all_reduce (recursive doubling)' -> 'all_reduce_recursive_doubling' (the JSON's keys)."""
+    name, how = label.split(" ", 1)
+    how = how.strip("()").replace(" ", "_")
+    return name if how in ("ring", "linear", "pairwise") else f"{name}_{how}"
+
+
+def formulas(n, m):
+    """Bytes the busiest rank sends in one call, by REFERENCE.md (m bytes, n ranks)."""
+    p2 = 1 << (n.bit_length() - 1)
+    m = int(m)                  # m divides by n here, so every formula is a whole number
+    return {
+        "all_reduce (ring)": 2 * (n - 1) * m // n,
+        "all_reduce (naive)": (n - 1) * m,                       # rank 0 broadcasts to n-1 ranks
+        "all_reduce (recursive doubling)": (int(math.log2(p2)) + (n != p2)) * m,
+        "reduce_scatter (ring)": (n - 1) * m // n,
+        "all_gather (ring)": (n - 1) * m // n,
+        "broadcast (linear)": (n - 1) * m,
+        "reduce (linear)": m if n > 1 else 0,
+        "all_to_all (pairwise)": (n - 1) * m // n,
+        "all_reduce (MPI's own)": None,                          # MPI does not tell
+    }
+
+
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+
+
+def cases(comm, x):
+    """(label, run, single-process answer from all ranks' inputs) for every collective."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    return [
+        ("all_reduce (ring)", lambda a: ring_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
+        ("all_reduce (naive)", lambda a: naive_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
+        ("all_reduce (recursive doubling)", lambda a: recursive_doubling_all_reduce(comm, a[r]),
+         lambda a: np.sum(a, 0)),
+        ("all_reduce (MPI's own)", lambda a: mpi_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
+        ("reduce_scatter (ring)", lambda a: ring_reduce_scatter(comm, a[r]),
+         lambda a: np.array_split(np.sum(a, 0), n)[r]),
+        ("all_gather (ring)", lambda a: ring_all_gather(comm, np.array_split(a[r], n)[r]),
+         lambda a: np.concatenate([np.array_split(a[i], n)[i] for i in range(n)])),
+        ("broadcast (linear)", lambda a: broadcast(comm, a[r], root=0), lambda a: a[0]),
+        ("reduce (linear)", lambda a: reduce(comm, a[r], root=0), lambda a: np.sum(a, 0) if r == 0 else None),
+        ("all_to_all (pairwise)", lambda a: all_to_all(comm, a[r]),
+         lambda a: np.concatenate([np.array_split(a[i], n)[r] for i in range(n)])),
+    ]
+
+
+def all_inputs(n, length, dtype, seed):
+    """Every rank's input, made on every rank from the seed: the reference needs no messages."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, length)).astype(dtype)
+
+
+def rel_to(got, want):
+    if want is None:
+        return 0.0 if got is None else float("inf")
+    if got is None or got.shape != want.shape:
+        return float("inf")
+    return harness.rel_diff(got, want)[0]
+
+
+def timed(comm, fn, repeats):
+    """Median over repeats of the slowest rank's time for one call."""
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        fn()
+        t = np.array([MPI.Wtime() - t0])
+        comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
+        times.append(t[0])
+    return float(np.median(times))
+
+
+def max_over_ranks(comm, value):
+    buf = np.array([value], dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return buf[0]
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    dtype = np.dtype(args.dtype)
+    harness.need(args.size_mib > 0, f"--size-mib must be positive, got {args.size_mib}")
+    say(f"Lesson 01: collectives by hand on {n} rank{'s' * (n > 1)} (MPI point-to-point messages only)\n")
+    if args.draw:
+        draw_ring(min(n, 4) if n > 1 else 2)
+        if n > 4:
+            say(f"(drawn for 4 ranks; with {n} it is the same pattern, {n - 1} steps per phase)\n")
+
+    # 1. correct? an odd length, so chunks are uneven, against one process and against MPI
+    length = 1000 * n + 3
+    xs = all_inputs(n, length, dtype, args.seed)
+    errors, worst_abs = {}, 0.0
+    for label, run, want in cases(comm, xs):
+        got = run(xs)
+        errors[label] = rel_to(got, want(xs))
+        if got is not None and want(xs) is not None:
+            worst_abs = max(worst_abs, float(np.max(np.abs(got - want(xs)), initial=0.0)))
+    mpi = mpi_all_reduce(comm, xs[comm.Get_rank()])
+    errors["all_reduce (ring) vs MPI's own"] = rel_to(ring_all_reduce(comm, xs[comm.Get_rank()]), mpi)
+    for k in errors:
+        errors[k] = max_over_ranks(comm, errors[k])
+    worst_abs = max_over_ranks(comm, worst_abs)
+    say(f"correctness: {length} {dtype.name} per rank (uneven chunks), each collective against one process")
+    harness.table([[k, f"{v:.1e}", "ok" if v <= TOLERANCE[dtype.name] else "WRONG"] for k, v in errors.items()],
+                  header=["collective", "max_rel_diff", ""])
+
+    # 2. how much and how fast: one call each on M bytes (M divisible by N: formulas exact)
+    count = max(n, int(args.size_mib * 2**20 / dtype.itemsize) // n * n)
+    big = all_inputs(n, count, dtype, args.seed + 1)
+    M = count * dtype.itemsize
+    expect = formulas(n, M)
+    measured, rows = {}, []
+    for label, run, _ in cases(comm, big):
+        with stats.measure() as m:
+            run(big)
+        name = label.split(" ")[0]
+        data = {k: v for k, v in m.items() if k != "check"}
+        sent = max_over_ranks(comm, sum(v["bytes_sent"] for v in data.values()))
+        msgs = max_over_ranks(comm, sum(v["messages"] for v in data.values()))
+        t = timed(comm, lambda: run(big), args.repeats)
+        algbw = M / t / 1e9
+        busbw = algbw * BUS_FACTOR[name](n) if n > 1 else 0.0
+        measured[label] = None if "MPI" in label else int(sent)
+        rows.append([label, fmt_bytes(sent) if measured[label] is not None else "?",
+                     fmt_bytes(expect[label]) if expect[label] is not None else "?",
+                     int(msgs) if measured[label] is not None else "?",
+                     f"{t * 1e3:.2f}", f"{algbw:.2f}", f"{busbw:.2f}"])
+    say(f"\none call each on M = {fmt_bytes(M)} ({count} {dtype.name}), busiest rank, median of {args.repeats}")
+    harness.table(rows, header=["collective", "sent/rank", "formula", "msgs", "ms", "algbw GB/s", "busbw GB/s"])
+    say("  algbw = M / time; busbw = algbw x 2(N-1)/N (all-reduce), (N-1)/N (reduce-scatter, all-gather,")
+    say("  all-to-all), 1 (broadcast, reduce): nccl-tests' convention, comparable across N.")
+
+    # 3. the alpha-beta model with this machine's alpha and beta
+    alpha_beta(comm, n, M, args.repeats)
+
+    tol = TOLERANCE[dtype.name]
+    worst = max(errors.values())
+    bytes_ok = all(measured[k] == expect[k] for k in measured if measured[k] is not None)
+    say(f"\nmeasured bytes {'equal' if bytes_ok else 'DIFFER FROM'} the formulas (M divides by N)")
+    report = harness.new_report(
+        "01_collectives", args, parallel={"dp": n, "tp": 1, "pp": 1}, steps=None,
+        match=bool(worst <= tol and bytes_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
+        comm={"bytes_sent": {key(k): v for k, v in measured.items() if v is not None},
+              "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}})
+    return harness.finish(report, args)
+
+
+def alpha_beta(comm, n, M, repeats):
+    """Measure alpha (per message) and beta (per byte) by ping-pong, then predict."""
+    if n < 2:
+        say("\n(alpha-beta model: needs two ranks)")
+        return
+    rank = comm.Get_rank()
+
+    def pingpong(nbytes):
+        buf = np.zeros(nbytes, np.uint8)
+        def once():
+            if rank == 0:
+                comm.Send(buf, 1, 9)
+                comm.Recv(buf, 1, 9)
+            elif rank == 1:
+                comm.Recv(buf, 0, 9)
+                comm.Send(buf, 0, 9)
+        return timed(comm, once, max(repeats, 5)) / 2               # one way
+    alpha = pingpong(8)
+    beta = max(pingpong(M) - alpha, 1e-12) / M
+    lg = math.ceil(math.log2(n))
+    model = {"ring": lambda m: 2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta,
+             "recursive doubling": lambda m: lg * (alpha + m * beta),
+             "naive": lambda m: 2 * (n - 1) * (alpha + m * beta)}
+    say(f"\nalpha-beta model (MPICH's cost comments, REFERENCE.md), measured here by ping-pong:")
+    say(f"  alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
+        f"({1 / beta / 1e9:.2f} GB/s)")
+    say(f"  ring 2(N-1)a + 2(N-1)/N Mb;  recursive doubling lg N (a + Mb);  naive ~2(N-1)(a + Mb)")
+    rows = []
+    for m in (8, 64 * 1024, M):
+        x = np.ones(max(1, m // 4), np.float32)
+        got = {"ring": timed(comm, lambda: ring_all_reduce(comm, x, check=False), repeats),
+               "recursive doubling": timed(comm, lambda: recursive_doubling_all_reduce(comm, x, check=False),
+                                           repeats),
+               "naive": timed(comm, lambda: naive_all_reduce(comm, x, check=False), repeats)}
+        rows.append([fmt_bytes(x.nbytes)] + [f"{model[k](x.nbytes) * 1e3:.3f} / {got[k] * 1e3:.3f}"
+                                             for k in ("ring", "recursive doubling", "naive")])
+    harness.table(rows, header=["M", "ring ms (model / measured)", "rec. doubling", "naive"])
+    say(f"  Tiny M: time is messages x alpha; the ring sends 2(N-1) = {2 * (n - 1)}, recursive doubling "
+        f"{lg}: the ring loses.")
+    say("  Large M: time is bytes x beta; the ring sends 2(N-1)/N M < 2M whatever N, recursive doubling")
+    say(f"  lg N x M = {lg} M, naive's rank 0 (N-1) M each way: the ring wins, more so as N grows.")
+    if n > (os.cpu_count() or n):
+        say(f"  Here {n} ranks share {os.cpu_count()} cores: ranks take turns on the CPU, so every message")
+        say("  also waits for its receiver to be scheduled, and measured times sit far above the model.")
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=1, dtype="float32")
+    p.add_argument("--size-mib", type=float, default=1.0, help="MiB per rank for timing (default %(default)s)")
+    p.add_argument("--repeats", type=harness.positive_int, default=5, help="timed calls per collective")
+    p.add_argument("--no-draw", dest="draw", action="store_false", help="skip the step-by-step picture")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
