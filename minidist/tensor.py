@@ -3,23 +3,25 @@
 A `Tensor` wraps an array (`.data`, NumPy or CuPy through `minidist.backend.xp`) and,
 when it came out of a `Function`, the node that made it. Every op is a `Function` with
 a `forward(ctx, *arrays)` and a `backward(ctx, grad)` that returns one gradient per
-input (minidist/ops.py holds them all). `loss.backward()` walks the nodes in reverse
-topological order, hands each node the gradient of its outputs and adds what it
-returns into the inputs: `.grad` of leaves (raw arrays, never Tensors), a slot on the
-producing node for everything else.
+input (minidist/ops.py and minidist/fused.py hold them all). `loss.backward()` walks
+the nodes in reverse topological order, hands each node the gradient of its outputs and
+adds what it returns into the inputs: `.grad` of leaves (raw arrays, never Tensors), a
+slot on the producing node for everything else.
 
 Three things the parallel lessons need are built in here:
 - `tensor.register_grad_ready_hook(fn)`: fn(tensor) runs as soon as a leaf's gradient
   for this backward pass is complete (bucketed data parallelism starts its all-reduce);
 - `backward_step_callback(fn)`: fn() runs after every node's backward, so posted MPI
   messages can make progress between ops (MPI only moves data inside MPI calls);
-- `MEMORY`: bytes of arrays saved for backward by live nodes, the "activations" row.
+- `MEMORY`: bytes of arrays saved for backward by live nodes, the "activations" row
+  (kept with `Context`, the ctx every forward saves into, in minidist/context.py).
 
     python -c "from minidist.tensor import Tensor; x = Tensor([2.0], requires_grad=True); (x * x).sum().backward(); print(x.grad)"
 """
 import contextlib
 
-from minidist.backend import xp
+from minidist.backend import to_numpy, xp
+from minidist.context import MEMORY, Context  # noqa: F401  (MEMORY is re-exported)
 
 # ----------------------------------------------------------------------------- switches
 
@@ -51,61 +53,7 @@ def backward_step_callback(fn):
     finally:
         _STEP_CALLBACKS.remove(fn)
 
-
-class _Memory:
-    """Bytes of arrays saved for backward by nodes still alive in a graph."""
-
-    def __init__(self):
-        self.live_bytes = 0
-        self.peak_bytes = 0
-
-    def add(self, n):
-        self.live_bytes += n
-        if self.live_bytes > self.peak_bytes:
-            self.peak_bytes = self.live_bytes
-
-    def reset_peak(self):
-        self.peak_bytes = self.live_bytes
-
-
-MEMORY = _Memory()
-
 # ----------------------------------------------------------------------------- Function
-
-
-class Context:
-    """What a Function's forward leaves for its backward."""
-
-    def __init__(self, needs_input_grad, param_ids, recording):
-        self.needs_input_grad = needs_input_grad  # one bool per positional input
-        self.saved = ()
-        self._param_ids = param_ids               # ids of parameter arrays: not activations
-        self._recording = recording
-        self._bytes = 0
-
-    def save_for_backward(self, *arrays):
-        if not self._recording:                   # under no_grad nothing is kept
-            return
-        self.saved = arrays
-        seen = set(self._param_ids)               # count a shared buffer once per node
-        n = 0
-        for a in arrays:
-            if a is not None and hasattr(a, "nbytes") and id(a) not in seen:
-                seen.add(id(a))
-                n += a.nbytes
-        self._bytes = n
-        MEMORY.add(n)
-
-    def release(self):
-        """Free the saved arrays (called once the node's backward has run)."""
-        self.saved = None
-        if self._bytes:
-            MEMORY.add(-self._bytes)
-            self._bytes = 0
-
-    def __del__(self):                            # a graph dropped without backward
-        if self._bytes:
-            MEMORY.add(-self._bytes)
 
 
 class Node:
@@ -124,7 +72,7 @@ class Function:
     forward gets the `.data` of Tensor inputs (other positional inputs as they are) and
     returns an array, or a tuple of arrays for several outputs; backward gets the
     gradient of each output (one array, or a tuple) and returns one gradient (or None)
-    per positional input.
+    per positional input. Between the two, ctx (a Context) carries what forward saved.
     """
 
     @staticmethod
@@ -182,22 +130,14 @@ class Tensor:
     size = property(lambda self: self.data.size)
     is_leaf = property(lambda self: self._node is None)
 
-    def item(self):
-        return self.data.item()
-
-    def numpy(self):
-        from minidist.backend import to_numpy
-        return to_numpy(self.data)
-
-    def detach(self):
-        return Tensor(self.data)
+    def item(self): return self.data.item()
+    def numpy(self): return to_numpy(self.data)
+    def detach(self): return Tensor(self.data)
+    def __len__(self): return len(self.data)
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
-
-    def __len__(self):
-        return len(self.data)
 
     def register_grad_ready_hook(self, fn):
         """fn(self) runs during backward once this leaf's gradient is complete."""
@@ -260,9 +200,8 @@ class Tensor:
                     old = slots[t._slot]
                     slots[t._slot] = g if old is None else old + g
             node.inputs = ()                      # let the graph go as we walk it
-            if callbacks:
-                for fn in callbacks:
-                    fn()
+            for fn in callbacks:
+                fn()
 
     # -- operators (the Functions live in minidist/ops.py)
     def _lift(self, other):
@@ -282,26 +221,17 @@ class Tensor:
     def __neg__(self): return _ops().neg(self)
     def __getitem__(self, index): return _ops().getitem(self, index)
 
+    def transpose(self, a, b): return _ops().transpose(self, a, b)
+    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims)
+    T = property(lambda self: _ops().transpose(self, -1, -2))
+
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return _ops().reshape(self, shape)
 
-    def view(self, *shape):
-        return self.reshape(*shape)
-
-    def transpose(self, a, b):
-        return _ops().transpose(self, a, b)
-
-    @property
-    def T(self):
-        return _ops().transpose(self, -1, -2)
-
-    def sum(self, axis=None, keepdims=False):
-        return _ops().sum(self, axis, keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        return _ops().mean(self, axis, keepdims)
+    view = reshape
 
 
 def _ops():
