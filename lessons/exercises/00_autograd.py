@@ -3,8 +3,9 @@
 Each function below gets the arrays the op saved in its forward and the gradient of
 the loss with respect to the op's output (`grad`), and returns the gradient(s) with
 respect to its input(s): plain NumPy arrays, float64 in the checks. The package's own
-versions live in minidist/ops.py (matmul) and minidist/fused.py (the others) under the same names; the engine calls them from the
-Functions MatMul, LayerNorm, CrossEntropy and GELU. Replace each `raise` with your
+versions live in minidist/ops.py (matmul) and minidist/fused.py (the other three)
+under the same names; the engine calls them from the Functions MatMul, LayerNorm,
+CrossEntropy and GELU. Replace each `raise` with your
 code, then grade your file:
 
     python -m minidist.grade lessons/exercises/00_autograd.py
