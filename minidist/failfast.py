@@ -20,8 +20,10 @@ harness's business (minidist.lessons.harness.InputError) and never reach these h
 """
 import sys
 import threading
+import time
 import traceback
 
+ABORT_DELAY_S = 1.0
 _installed = False
 _reported = threading.Lock()      # taken by the first failure; later ones stay quiet
 
@@ -53,6 +55,9 @@ def report_and_abort(text, code=1):
             sys.stderr.write(f"[rank {rank}] aborting all {size} ranks (minidist fail-fast)\n")
         sys.stderr.flush()
     if world is not None and size > 1:
+        # mpirun forwards each rank's stderr asynchronously; Abort kills the forwarding
+        # too, and under load the message was lost (seen here). A second lets it out.
+        time.sleep(ABORT_DELAY_S)
         world.Abort(code)
 
 

@@ -51,6 +51,30 @@ def test_exception_on_one_rank_ends_the_job(tmp_path):
 
 
 @needs_mpirun
+def test_exception_in_a_thread_ends_the_job(tmp_path):
+    script = tmp_path / "thread_crash.py"
+    script.write_text(textwrap.dedent("""
+        import threading
+        import numpy as np
+        import minidist
+        from mpi4py import MPI
+        from minidist.comm import ring_all_reduce
+        comm = MPI.COMM_WORLD
+        def work():
+            raise ValueError("a communication thread broke")
+        if comm.Get_rank() == 1:
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+            import time; time.sleep(60)         # the main thread would carry on for long
+        ring_all_reduce(comm, np.ones(10))
+    """))
+    proc, seconds = run_job([str(script)], 3, tmp_path)
+    assert proc.returncode != 0 and seconds < LIMIT, (proc.returncode, seconds)
+    assert "a communication thread broke" in proc.stderr, proc.stderr
+
+
+@needs_mpirun
 def test_failing_assertion_in_mpi_pytest_ends_the_run(tmp_path):
     shutil.copy(ROOT / "tests" / "mpi" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_broken.py").write_text(textwrap.dedent("""
@@ -70,7 +94,7 @@ def test_failing_assertion_in_mpi_pytest_ends_the_run(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert seconds < LIMIT, f"the run took {seconds:.1f} s to end"
-    assert "rank 1 fails on purpose" in out and "[rank 1] FAILED" in out, out
+    assert "rank 1 fails on purpose" in out and "[rank 1] FAILED" in out, (proc.returncode, seconds, out)
 
 
 @needs_mpirun
