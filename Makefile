@@ -26,6 +26,8 @@ $(STAMP): setup.cfg pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m minidist.lessons.00_single_process
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.01_collectives
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.02_data_parallel
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -36,6 +38,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m minidist.bench model
+	$(MPIRUN) -n 4 $(PY) -m minidist.bench collectives
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
