@@ -17,7 +17,15 @@ mismatch found by a collective's check, a grid that does not fit the world). Nob
 left waiting, so the hook prints it on rank 0 only and lets every rank exit normally.
 Errors of bad input that a lesson reports in one line and exit 2 are the lesson
 harness's business (minidist.lessons.harness.InputError) and never reach these hooks.
+
+`sys.exit(code)` on one rank alone hangs a job too: the exiting rank waits in
+MPI_Finalize for ranks that wait for it. So `install()` also records the code of every
+sys.exit() and, at exit, aborts the job when the code is non-zero, the job has several
+ranks and the exit was not declared agreed (`agreed_exit(code)`: bad input that every
+rank found, a verdict that every rank shares). Python's atexit hooks run before mpi4py
+finalizes MPI, so the abort still reaches the other ranks.
 """
+import atexit
 import sys
 import threading
 import time
@@ -25,6 +33,7 @@ import traceback
 
 ABORT_DELAY_S = 1.0
 _installed = False
+_exit = {"code": None, "agreed": False}   # the last sys.exit() of this process
 _reported = threading.Lock()      # taken by the first failure; later ones stay quiet
 
 
@@ -87,6 +96,26 @@ def _thread_excepthook(args):
         _previous_thread_excepthook(args)
 
 
+def _recording_exit(code=None):
+    """sys.exit, remembering the code for the check at exit."""
+    _exit["code"] = code
+    raise SystemExit(code)
+
+
+def agreed_exit(code):
+    """Exit with `code`, which every rank reaches alike: no rank is left waiting."""
+    _exit["agreed"] = True
+    sys.exit(code)
+
+
+def _check_exit():
+    code = _exit["code"]
+    if code in (None, 0) or _exit["agreed"]:
+        return
+    report_and_abort(f"sys.exit({code!r}) on this rank; the other ranks might wait for it forever",
+                     code if isinstance(code, int) else 1)
+
+
 _previous_excepthook = sys.excepthook
 _previous_thread_excepthook = threading.excepthook
 
@@ -100,4 +129,6 @@ def install():
     _previous_thread_excepthook = threading.excepthook
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
+    sys.exit = _recording_exit
+    atexit.register(_check_exit)
     _installed = True

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minidist.failfast import agreed_exit
+
 PASS, TODO, FAIL = 0, 1, 2
 WORD = {PASS: "PASS", TODO: "TODO", FAIL: "FAIL"}
 MSG_BYTES = 400  # a verdict's message travels as a fixed-size byte buffer
@@ -74,6 +76,8 @@ def run_check(check, fn, timeout):
             result["v"] = (FAIL, str(e) or "a check failed")
         except Exception as e:  # the student's code raised: show what and where
             result["v"] = (FAIL, f"{type(e).__name__}: {e}{_where(e)}")
+        except BaseException as e:  # sys.exit() in a student's function
+            result["v"] = (FAIL, f"the function called {type(e).__name__}({e}){_where(e)}")
 
     t = threading.Thread(target=target, daemon=True)
     t.start()
@@ -84,14 +88,19 @@ def run_check(check, fn, timeout):
     return (*result["v"], True)
 
 
-def agree(comm, verdict, message):
-    """Agree a verdict across ranks: the worst one wins; its message, naming the rank."""
+def agree(comm, verdict, message, finished=True):
+    """Agree a verdict across ranks: the worst one wins, with its message naming the rank.
+
+    Among failures, a concrete one (a wrong value, an exception) beats a time-out: when
+    rank 1 computes garbage and rank 0 then waits for it, the garbage is the news.
+    """
     if comm is None or comm.Get_size() == 1:
         return verdict, message
+    severity = verdict + (1 if verdict == FAIL and finished else 0)  # PASS 0, TODO 1, FAIL 2-3
     codes = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([verdict], dtype=np.int64), codes)
-    worst = int(codes.max())
+    comm.Allgather(np.array([severity], dtype=np.int64), codes)
     src = int(np.argmax(codes))  # the lowest rank with the worst verdict
+    worst = min(int(codes[src]), FAIL)
     buf = np.zeros(MSG_BYTES, dtype=np.uint8)
     if comm.Get_rank() == src:
         raw = message.encode("utf-8", "replace")[:MSG_BYTES]
@@ -127,8 +136,9 @@ def grade(path, timeout=30.0, only=None, out=print):
         student, load_error = None, f"the file does not import: {type(e).__name__}: {e}"
     lines, stuck = [], False
     for ex in exercises:
+        finished = True                   # False: this rank's check timed out (or was not run)
         if stuck:
-            verdict, msg = FAIL, "not run: an earlier exercise did not finish"
+            verdict, msg, finished = FAIL, "not run: an earlier exercise did not finish", False
         elif load_error:
             verdict, msg = FAIL, load_error
         elif not callable(getattr(student, ex.name, None)):
@@ -138,7 +148,7 @@ def grade(path, timeout=30.0, only=None, out=print):
             stuck = not finished
             if comm is not None:  # if any rank is stuck, all stop after this exercise
                 stuck = _any(comm, stuck)
-        verdict, msg = agree(comm, verdict, msg)
+        verdict, msg = agree(comm, verdict, msg, finished)
         lines.append((ex.number, ex.name, WORD[verdict], msg))
         if root:
             tail = f": {msg}" if msg and verdict != PASS else ""
@@ -180,4 +190,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    agreed_exit(main())  # the verdicts are agreed: every rank exits alike

@@ -51,6 +51,35 @@ def test_exception_on_one_rank_ends_the_job(tmp_path):
 
 
 @needs_mpirun
+def test_sys_exit_on_one_rank_ends_the_job(tmp_path):
+    """sys.exit(3) on one rank: it would wait in MPI_Finalize, the others wait for it."""
+    script = tmp_path / "early_exit.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import minidist
+        from mpi4py import MPI
+        from minidist.comm import ring_all_reduce
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            sys.exit(3)
+        ring_all_reduce(comm, np.ones(10))
+    """))
+    proc, seconds = run_job([str(script)], 4, tmp_path)
+    assert proc.returncode != 0 and seconds < LIMIT, (proc.returncode, seconds)
+    assert "sys.exit(3) on this rank" in proc.stderr
+
+
+@needs_mpirun
+def test_agreed_exit_on_every_rank_is_quiet(tmp_path):
+    script = tmp_path / "agreed_exit.py"
+    script.write_text("import minidist\nfrom mpi4py import MPI\nfrom minidist.failfast import agreed_exit\n"
+                      "MPI.COMM_WORLD.Barrier()\nagreed_exit(2)\n")
+    proc, seconds = run_job([str(script)], 3, tmp_path)
+    assert proc.returncode == 2 and "abort" not in proc.stderr.lower(), proc.stderr
+
+
+@needs_mpirun
 def test_exception_in_a_thread_ends_the_job(tmp_path):
     script = tmp_path / "thread_crash.py"
     script.write_text(textwrap.dedent("""

@@ -89,3 +89,21 @@ def test_stubs_02_are_todo_under_mpirun():
     verdicts = [l.split()[0] for l in proc.stdout.splitlines() if l[:4] in ("PASS", "FAIL", "TODO")]
     assert verdicts == ["TODO", "TODO"], proc.stdout + proc.stderr
     assert proc.returncode != 0
+
+
+def test_a_wrong_answer_on_one_rank_is_named_not_taken_for_a_deadlock(tmp_path):
+    mpirun = Path(sys.executable).with_name("mpirun")
+    if not mpirun.exists():
+        pytest.skip("no mpirun beside this Python")
+    f = tmp_path / "02_data_parallel.py"
+    f.write_text("from minidist.parallel.data_parallel import average_gradients as _avg, assign_buckets\n"
+                 "def average_gradients(comm, grads):\n"
+                 "    out = _avg(comm, grads)\n"
+                 "    if comm.Get_rank() == 1:\n"
+                 "        out[0] = out[0] + 100\n"
+                 "    return out\n")
+    proc = subprocess.run([str(mpirun), "-n", "3", sys.executable, "-m", "minidist.grade", str(f), "--timeout", "20"],
+                          capture_output=True, text=True, timeout=120)
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("FAIL  2.1") and "rank 1: gradient 0" in first, proc.stdout + proc.stderr
+    assert "PASS  2.2" in proc.stdout and proc.returncode == 1

@@ -24,6 +24,15 @@ def test_compare_reports_the_worst_tensor_and_missing_names():
     assert harness.compare({"a": np.ones(3)}, ref) == (float("inf"), float("inf"), "b")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_anywhere_is_a_mismatch(bad):
+    ref = {"a": np.ones(3), "b": np.ones(3), "c": np.ones(3)}
+    par = {"a": np.ones(3), "b": np.array([1.0, bad, 1.0]), "c": np.ones(3)}
+    assert harness.compare(par, ref)[0] == float("inf")
+    assert harness.compare(par, ref)[2] == "b"
+    assert harness.compare(ref, par)[0] == float("inf")
+
+
 def test_report_has_every_key_and_writes_json(tmp_path):
     class Args:
         dtype, steps, json = "float64", 3, str(tmp_path / "r.json")

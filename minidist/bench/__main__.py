@@ -6,11 +6,13 @@
 import importlib
 import sys
 
+from minidist.failfast import agreed_exit
+
 NAMES = ("model", "collectives")
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in NAMES:
         print(f"usage: python -m minidist.bench {{{','.join(NAMES)}}} [flags]", file=sys.stderr)
-        sys.exit(2)
+        agreed_exit(2)
     name = sys.argv.pop(1)
-    sys.exit(importlib.import_module(f"minidist.bench.{name}").main())
+    agreed_exit(importlib.import_module(f"minidist.bench.{name}").main())

@@ -106,4 +106,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from minidist.failfast import agreed_exit
+    agreed_exit(main())

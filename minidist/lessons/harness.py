@@ -22,6 +22,8 @@ import sys
 
 import numpy as np
 
+from minidist.failfast import agreed_exit
+
 EXIT_INPUT = 2  # bad input: the same code argparse uses
 
 
@@ -79,12 +81,12 @@ class _Parser(argparse.ArgumentParser):
         if is_root():
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INPUT)
+        agreed_exit(EXIT_INPUT)
 
     def exit(self, status=0, message=None):  # --help prints once too
         if message and is_root():
             print(message, file=sys.stderr, flush=True)
-        sys.exit(status)
+        agreed_exit(status)
 
     def print_help(self, file=None):
         if is_root():
@@ -124,13 +126,18 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-3}
 
 
 def rel_diff(a, b):
-    """(max|a-b| / max|b|, max|a-b|) for one tensor; (0, 0) when both are all zero."""
+    """(max|a-b| / max|b|, max|a-b|) for one tensor; (0, 0) when both are all zero.
+
+    A NaN or inf on either side is infinitely wrong, never quietly skipped.
+    """
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     if a.size == 0:
         return 0.0, 0.0
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return float("inf"), float("inf")
     abs_diff = float(np.max(np.abs(a - b)))
     scale = float(np.max(np.abs(b)))
     if scale == 0.0:
@@ -144,16 +151,15 @@ def compare(parallel, reference):
     Returns (max_rel_diff, max_abs_diff, worst_name). A name missing from one side is a
     mismatch (inf), never silently skipped.
     """
-    worst = (0.0, 0.0, None)
-    max_abs = 0.0
+    worst_rel, worst_name, max_abs = 0.0, None, 0.0
     for name in sorted(set(parallel) | set(reference)):
         if name not in parallel or name not in reference:
             return float("inf"), float("inf"), name
         r, a = rel_diff(parallel[name], reference[name])
         max_abs = max(max_abs, a)
-        if r > worst[0] or worst[2] is None:
-            worst = (r, a, name)
-    return worst[0], max_abs, worst[2]
+        if worst_name is None or r > worst_rel:
+            worst_rel, worst_name = r, name
+    return worst_rel, max_abs, worst_name
 
 
 # ----------------------------------------------------------------------------- report
@@ -220,9 +226,9 @@ def run(main, p):
     except InputError as e:
         say(f"error: {e}", file=sys.stderr)
         sys.stdout.flush()
-        sys.exit(EXIT_INPUT)
+        agreed_exit(EXIT_INPUT)
     sys.stdout.flush()
-    sys.exit(code or 0)
+    agreed_exit(code or 0)
 
 
 def need(ok, message):

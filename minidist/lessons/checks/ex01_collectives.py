@@ -134,15 +134,13 @@ def check_ring_all_reduce(fn):
                     want = _reduce(xs, op).astype(dtype)
                     got = fn(comm, xs[r], op=op)
                     what = f"rank {r} got for x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
-                    problem = _problem(got, want, what) or _unchanged(xs[r], before, "ring_all_reduce", r)
-                    if problem is None and got is not None and want.size:
-                        # every rank must hold the very same bits (data parallelism relies on it)
-                        mine = np.ascontiguousarray(got, dtype=want.dtype)
+                    _all_agree(comm, _problem(got, want, what) or _unchanged(xs[r], before, "ring_all_reduce", r))
+                    if want.size:  # all ranks passed: now every rank must hold the very same bits
+                        mine = np.ascontiguousarray(got, dtype=want.dtype)   # (data parallelism relies on it)
                         everyone = np.empty((n,) + mine.shape, mine.dtype)
                         comm.Allgather(mine, everyone)
-                        if not all(np.array_equal(e, mine) for e in everyone):
-                            problem = f"{what}: ranks hold different results; all must be identical"
-                    _all_agree(comm, problem)
+                        same = all(np.array_equal(e, mine) for e in everyone)
+                        _all_agree(comm, None if same else f"{what}: ranks hold different results; all must be identical")
     _run(check)
 
 

@@ -10,33 +10,37 @@ SHAPES = [(3, 4), (5,), (2, 2, 2), (1,), (0,), (7, 3)]
 
 
 def check_average_gradients(fn):
-    comm = MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD.Dup()  # a communicator of its own: nothing left over from other checks
     rank, n = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(100 + rank)  # every rank has its own gradients
     grads = [rng.standard_normal(s) for s in SHAPES]
     before = [g.copy() for g in grads]
+    expected = []
+    for g in grads:  # the referee: MPI's own all-reduce, done before the student's code runs
+        total = np.empty_like(g)
+        comm.Allreduce(g, total, op=MPI.SUM)
+        expected.append(total / n)
     with stats.measure() as m:
         out = fn(comm, grads)
+    # from here on no more messages: a wrong answer on one rank raises on that rank only
     if not isinstance(out, (list, tuple)) or len(out) != len(grads):
         raise AssertionError(f"expected a list of {len(grads)} arrays, got {type(out).__name__}"
                              + (f" of length {len(out)}" if hasattr(out, "__len__") else ""))
     for i, (g, b) in enumerate(zip(grads, before)):
         if not np.array_equal(g, b):
             raise AssertionError(f"rank {rank}: input gradient {i} was changed; return new arrays")
-    for i, (g, got) in enumerate(zip(grads, out)):
-        expected = np.empty_like(g)
-        comm.Allreduce(g, expected, op=MPI.SUM)  # MPI's own, as the referee
-        expected /= n
+    for i, (g, got, want) in enumerate(zip(grads, out, expected)):
         got = np.asarray(got)
         if got.shape != g.shape:
             raise AssertionError(f"rank {rank}: gradient {i} has shape {got.shape}, expected {g.shape}")
-        if not np.allclose(got, expected, rtol=1e-12, atol=1e-12):
-            j = np.unravel_index(np.argmax(np.abs(got - expected)), g.shape)
-            raise AssertionError(f"rank {rank}: gradient {i}{list(j)} is {got[j]:.6f}, expected the "
-                                 f"mean over {n} ranks {expected[j]:.6f}"
-                                 + (" (the sum: did you divide by N?)" if np.isclose(got[j], expected[j] * n) else ""))
+        if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
+            j = np.unravel_index(np.argmax(np.abs(got - want)), g.shape)
+            raise AssertionError(f"rank {rank}: gradient {i}{list(map(int, j))} is {got[j]:.6f}, expected the "
+                                 f"mean over {n} ranks {want[j]:.6f}"
+                                 + (" (the sum: did you divide by N?)" if np.isclose(got[j], want[j] * n) else ""))
     if n > 1 and m.bytes_sent("all_reduce") == 0:
         raise AssertionError("no bytes went through minidist's ring all-reduce; use ring_all_reduce")
+    comm.Free()
 
 
 def _buckets(nbytes, cap):
