@@ -17,6 +17,14 @@ MPI_SIZES ?= 1 2 3 4 8
 
 .PHONY: demo test bench venv clean
 
+# With PY given on the command line (a cluster's own Python and MPI), use it as it is:
+# no .venv, no mpich wheel.
+ifeq ($(origin PY),command line)
+SETUP :=
+else
+SETUP := $(STAMP)
+endif
+
 venv: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
@@ -24,19 +32,19 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[mpich,test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(SETUP)
 	$(PY) -m minidist.lessons.00_single_process
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.01_collectives
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.02_data_parallel
 
-test: $(STAMP)
+test: $(SETUP)
 	$(PY) -m pytest -q tests
 	@for n in $(MPI_SIZES); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPIRUN) -n $$n $(PY) -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
 
-bench: $(STAMP)
+bench: $(SETUP)
 	$(PY) -m minidist.bench model
 	$(MPIRUN) -n 4 $(PY) -m minidist.bench collectives
 

@@ -12,8 +12,9 @@ posts the next step. MPI only moves data while a process is inside an MPI call, 
 caller must call test() now and then (DDP's overlap, lesson 02) or wait() at the end.
 
 Several all-reduces may be in flight at once. Each takes its own tag (20000 + a
-counter that every rank advances in the same order: start them in the same order on
-every rank, as DDP's buckets are), so the messages of different handles never mix;
+counter kept per communicator, which its ranks advance in the same order: start them
+in the same order on every rank of that communicator, as DDP's buckets are), so the
+messages of different handles never mix;
 a ring step's two messages from one neighbour arrive in order within one tag.
 
 Do not change x, nor read the result, before test() returned True or wait() returned.
@@ -31,7 +32,7 @@ from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, 
 from minidist.comm.collectives import _flat, chunk_bounds
 
 TAG_BASE, TAG_SPAN = 20000, 10000
-_tags = itertools.count()
+_tags = {}   # one counter per communicator: its ranks start its all-reduces in one order
 
 
 class RingAllReduce:
@@ -41,7 +42,10 @@ class RingAllReduce:
         self.t_start, self.t_end = time.perf_counter(), None
         self.comm, self.op = comm, op
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self.tag = TAG_BASE + next(_tags) % TAG_SPAN if tag is None else tag
+        if tag is None:
+            counter = _tags.setdefault(comm.py2f(), itertools.count())
+            tag = TAG_BASE + next(counter) % TAG_SPAN
+        self.tag = tag
         x = np.asarray(x)
         self.shape = x.shape
         self.src = _flat(x)

@@ -117,11 +117,12 @@ def main(args):
     mem = metrics.memory_by_category(model.parameters(), opt, MEMORY.peak_bytes)
     n_all = sum(p.data.size for p in model.parameters())
     b = np.dtype(dtype_of(cfg.dtype)).itemsize
-    say(f"\nmemory of this process, measured from the arrays it holds ({n_all:,} parameters x {b} bytes):")
+    say(f"\nmemory of this process, measured from the arrays it holds; P = {n_all:,} parameters, all of them")
+    say(f"(N above leaves out the position table), {b} bytes each:")
     harness.table([
-        ["params", fmt_bytes(mem["params"]), fmt_bytes(n_all * b), f"{b} B x N"],
-        ["grads", fmt_bytes(mem["grads"]), fmt_bytes(n_all * b), f"{b} B x N"],
-        ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(2 * n_all * b), f"2 x {b} B x N"],
+        ["params", fmt_bytes(mem["params"]), fmt_bytes(n_all * b), f"{b} B x P"],
+        ["grads", fmt_bytes(mem["grads"]), fmt_bytes(n_all * b), f"{b} B x P"],
+        ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(2 * n_all * b), f"2 x {b} B x P"],
         ["activations (peak saved for backward)", fmt_bytes(mem["activations_peak"]), "", "grows with B x T"],
     ], header=["category", "measured", "formula", ""])
 

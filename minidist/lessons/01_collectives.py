@@ -271,7 +271,7 @@ def alpha_beta(comm, n, M, repeats):
 
 
 def build_parser():
-    p = harness.parser(__doc__.split("\n\n")[0], steps=1, dtype="float32")
+    p = harness.parser(__doc__.split("\n\n")[0], steps=None, dtype="float32")
     p.add_argument("--size-mib", type=float, default=1.0, help="MiB per rank for timing (default %(default)s)")
     p.add_argument("--repeats", type=harness.positive_int, default=5, help="timed calls per collective")
     p.add_argument("--no-draw", dest="draw", action="store_false", help="skip the step-by-step picture")

@@ -19,6 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from minidist import metrics
 from minidist.comm import stats
 from minidist.data import shard_slice
 from minidist.lessons import common, harness
@@ -92,7 +93,7 @@ def draw_timeline(tl, width=56):
 def main(args):
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    cfg = common.config_from_args(args)
+    cfg = common.config_from_args(args, world)
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     harness.need(args.bucket_mb > 0, f"--bucket-mb must be positive, got {args.bucket_mb}")
     try:
@@ -173,6 +174,18 @@ def main(args):
         say("\nthe bucketed step on rank 0: buckets fill in reverse parameter order and start while backward runs")
         draw_timeline(t_bucket[2])
 
+    step_time = common.mpi_reduce(comm, float(np.median(times)))   # the slowest rank's median
+    tokens = args.batch_size * cfg.block_size
+    fpt = metrics.flops_per_token(cfg, model.get_num_params())
+    comm.Barrier()  # every rank measures its matmul rate at the same time: the job's peak
+    peak = (args.peak_tflops * 1e12 * world if args.peak_tflops
+            else common.mpi_reduce(comm, metrics.measure_peak_flops(cfg.dtype), "sum"))
+    mfu = metrics.mfu(tokens / step_time, fpt, peak)
+    say(f"\ntraining step (forward, backward, sync, AdamW): median {step_time * 1e3:.1f} ms, "
+        f"{tokens / step_time:,.0f} tokens/s over the job")
+    say(f"  MFU {mfu:.1%} = tokens/s x {fpt / 1e6:.2f} MFLOP/token (6N + 12LHQT) / {peak / 1e9:.1f} GFLOP/s, the job's "
+        f"peak ({'given' if args.peak_tflops else 'measured on all ranks at once'})")
+
     say("\nmemory per rank (every rank holds all of it: the baseline ZeRO will cut)")
     harness.table([[k, fmt_bytes(v)] for k, v in mem.items()], header=["category", "measured"])
 
@@ -182,7 +195,7 @@ def main(args):
         match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
         losses={"reference": ref_losses, "parallel": losses},
         comm={"bytes_sent": {"all_reduce": sent}, "expected_bytes": {"all_reduce": expected}},
-        memory=mem, step_time_s=float(np.median(times)))
+        memory=mem, step_time_s=step_time, mfu=mfu)
     return harness.finish(report, args)
 
 
@@ -192,7 +205,6 @@ def cfg_itemsize(cfg):
 
 def harness_memory(model, opt, dp, comm):
     """Bytes per category on this rank (the largest over ranks), bucket buffers apart."""
-    from minidist import metrics
     mem = metrics.memory_by_category(model.parameters(), opt, MEMORY.peak_bytes)
     mem["comm_buffers"] = sum(b.nbytes for b in getattr(dp, "buckets", []))
     return {k: int(common.mpi_reduce(comm, v or 0)) for k, v in mem.items()}
@@ -209,6 +221,7 @@ def build_parser():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--grad-clip", type=float, default=0.5, help="clip the global gradient norm (0: off)")
     p.add_argument("--timing-reps", type=harness.positive_int, default=5, help="repeats of the timing comparison")
+    p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for MFU instead of measuring it")
     return p
 
 

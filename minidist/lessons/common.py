@@ -5,6 +5,8 @@ The reference (one process, whole global batch) and every parallel run go throug
 `train_and_collect`, so they see the same batches, schedule and dropout masks; the only
 difference left is the strategy under test.
 """
+import os
+
 import numpy as np
 
 from minidist.lessons.harness import InputError, need, positive_int
@@ -24,8 +26,12 @@ def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size
     return g
 
 
-def config_from_args(args):
-    """GPTConfig from the flags; a shape that cannot work is an InputError."""
+def config_from_args(args, ranks=1):
+    """GPTConfig from the flags; a shape that cannot work is an InputError.
+
+    That includes a shape whose activations cannot fit in this machine's memory, split
+    among the `ranks` that share it (the batch is cut among them too).
+    """
     from minidist.model import GPTConfig
     need(0.0 <= args.dropout < 1.0, f"--dropout must be in [0, 1), got {args.dropout}")
     cfg = GPTConfig(block_size=args.block_size, vocab_size=256, n_layer=args.n_layer,
@@ -34,7 +40,31 @@ def config_from_args(args):
         cfg.validate()
     except ValueError as e:
         raise InputError(str(e))
+    need_bytes = activation_bytes(cfg, max(1, args.batch_size // ranks)) * ranks
+    have = _physical_memory()
+    need(have is None or need_bytes < 0.8 * have,
+         f"this shape needs about {need_bytes / 2**30:.1f} GiB for activations on {ranks} rank(s), more than "
+         f"this machine's {(have or 0) / 2**30:.1f} GiB: use a smaller --block-size, --batch-size or model")
     return cfg
+
+
+def activation_bytes(cfg, batch):
+    """A rough upper bound of what one training step saves for backward, in bytes.
+
+    Per layer: about 20 arrays of (B, T, C) (inputs of the matmuls, layer norms, GELU)
+    and 2 of (B, nh, T, T) (attention probabilities and their dropout mask); then the
+    (B, T, V) logits and their softmax.
+    """
+    B, T, C = batch, cfg.block_size, cfg.n_embd
+    per_layer = 20 * B * T * C + 2 * B * cfg.n_head * T * T
+    return (cfg.n_layer * per_layer + 2 * B * T * cfg.vocab_size) * np.dtype(cfg.dtype).itemsize
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def load_dataset(args, comm=None):

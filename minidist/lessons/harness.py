@@ -104,9 +104,13 @@ def positive_int(text):
 
 
 def parser(description, steps=3, dtype="float64"):
-    """The flags every lesson takes; a lesson adds its own to what this returns."""
+    """The flags every lesson takes; a lesson adds its own to what this returns.
+
+    steps=None: a lesson that does not train has no --steps.
+    """
     p = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=positive_int, default=steps, help="training steps (default %(default)s)")
+    if steps is not None:
+        p.add_argument("--steps", type=positive_int, default=steps, help="training steps (default %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float64"], default=dtype,
                    help="float64 checks exactness, float32 is the speed case (default %(default)s)")
     p.add_argument("--seed", type=int, default=1337, help="seed for weights and batches")
@@ -222,6 +226,10 @@ def run(main, p):
     """Parse flags, run main(args) and exit with its code; InputError -> one line, exit 2."""
     args = p.parse_args()
     try:
+        if getattr(args, "json", None):  # found now, not after the whole run
+            folder = os.path.dirname(os.path.abspath(args.json))
+            need(os.path.isdir(folder) and os.access(folder, os.W_OK),
+                 f"--json {args.json}: the folder {folder} does not exist or is not writable")
         code = main(args)
     except InputError as e:
         say(f"error: {e}", file=sys.stderr)
