@@ -85,7 +85,6 @@ class NaiveDataParallel:
     def __init__(self, model, comm):
         self.model, self.comm = model, comm
         self.params = list(model.parameters())
-        self.comm_time = 0.0           # seconds spent in sync() by the last step
 
     def __call__(self, *args, **kw):
         return self.model(*args, **kw)
@@ -100,11 +99,9 @@ class NaiveDataParallel:
 
     def sync(self):
         """Average gradients across ranks: a ring all-reduce per parameter, then / N."""
-        t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else np.zeros_like(p.data) for p in self.params]
         for p, g in zip(self.params, average_gradients(self.comm, grads)):
             p.grad = g
-        self.comm_time = time.perf_counter() - t0
 
 
 class Bucket:
@@ -123,9 +120,6 @@ class Bucket:
     @property
     def nbytes(self):
         return self.flat.nbytes
-
-    def names(self, lookup):
-        return [lookup[id(p)] for p in self.params]
 
 
 class BucketedDataParallel:
