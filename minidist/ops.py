@@ -119,14 +119,33 @@ def matmul_backward(a, b, grad):
 
 
 class MatMul(Function):
+    """a @ b with NumPy's rules, 1-D operands included.
+
+    NumPy treats a 1-D `a` as a row (1, K) and a 1-D `b` as a column (K, 1), then drops
+    that axis from the result. The backward does the same: it puts the dropped axis
+    back into grad, runs the 2-D rule, and returns gradients of the operands' own shapes.
+    """
     @staticmethod
     def forward(ctx, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"matmul needs operands of at least 1 dimension, got shapes {a.shape} and "
+                             f"{b.shape} (multiply by a scalar with *)")
         ctx.save_for_backward(a, b)
         return _mm(a, b)
 
     @staticmethod
     def backward(ctx, grad):
-        return matmul_backward(*ctx.saved, grad)
+        a, b = ctx.saved
+        if a.ndim >= 2 and b.ndim >= 2:
+            return matmul_backward(a, b, grad)
+        a2 = a[None, :] if a.ndim == 1 else a      # (K,) -> (1, K): a row
+        b2 = b[:, None] if b.ndim == 1 else b      # (K,) -> (K, 1): a column
+        if b.ndim == 1:
+            grad = grad[..., None]                 # (..., M) -> (..., M, 1)
+        if a.ndim == 1:
+            grad = xp.expand_dims(grad, -2)        # (..., N) -> (..., 1, N)
+        ga, gb = matmul_backward(a2, b2, grad)
+        return ga.reshape(a.shape), gb.reshape(b.shape)
 
 
 class Linear(Function):

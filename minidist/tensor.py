@@ -9,8 +9,9 @@ adds what it returns into the inputs: `.grad` of leaves (raw arrays, never Tenso
 slot on the producing node for everything else.
 
 Three things the parallel lessons need are built in here:
-- `tensor.register_grad_ready_hook(fn)`: fn(tensor) runs as soon as a leaf's gradient
-  for this backward pass is complete (bucketed data parallelism starts its all-reduce);
+- `h = tensor.register_grad_ready_hook(fn)`: fn(tensor) runs as soon as a leaf's
+  gradient for this backward pass is complete (bucketed data parallelism starts its
+  all-reduce); `h.remove()` takes it off again (a model wrapped anew drops the old hooks);
 - `backward_step_callback(fn)`: fn() runs after every node's backward, so posted MPI
   messages can make progress between ops (MPI only moves data inside MPI calls);
 - `MEMORY`: bytes of arrays saved for backward by live nodes, the "activations" row
@@ -19,6 +20,8 @@ Three things the parallel lessons need are built in here:
     python -c "from minidist.tensor import Tensor; x = Tensor([2.0], requires_grad=True); (x * x).sum().backward(); print(x.grad)"
 """
 import contextlib
+
+import numpy
 
 from minidist.backend import to_numpy, xp
 from minidist.context import MEMORY, Context  # noqa: F401  (MEMORY is re-exported)
@@ -104,18 +107,58 @@ class Function:
 # ----------------------------------------------------------------------------- Tensor
 
 
+class HookHandle:
+    """What register_grad_ready_hook returns: `handle.remove()` unregisters the hook.
+
+    Removing twice is harmless. (PyTorch's hooks return such a handle too.)
+    """
+    __slots__ = ("_tensor", "fn")
+
+    def __init__(self, tensor, fn):
+        self._tensor, self.fn = tensor, fn
+
+    def remove(self):
+        t, self._tensor = self._tensor, None
+        if t is None or t._hooks is None:
+            return
+        for i, f in enumerate(t._hooks):
+            if f is self.fn:                      # this registration only, by identity
+                del t._hooks[i]
+                break
+        if not t._hooks:
+            t._hooks = None                       # no hooks: backward skips the bookkeeping
+
+
+def _can_have_grad(dtype):
+    """Only floating (and complex) arrays have gradients: an integer has no small step."""
+    return numpy.issubdtype(dtype, numpy.inexact)
+
+
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_node", "_slot", "_hooks", "__weakref__")
+    __slots__ = ("data", "grad", "_requires_grad", "_node", "_slot", "_hooks", "__weakref__")
 
     def __init__(self, data, requires_grad=False):
         if isinstance(data, Tensor):
             data = data.data
         self.data = data if isinstance(data, xp.ndarray) else xp.asarray(data)
         self.grad = None
-        self.requires_grad = requires_grad
         self._node = None
         self._slot = 0
         self._hooks = None
+        self.requires_grad = requires_grad
+
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        value = bool(value)
+        if value and not _can_have_grad(self.data.dtype):
+            raise TypeError(f"requires_grad=True needs a floating-point tensor, not {self.data.dtype}: "
+                            f"an integer tensor has no gradient (convert it first, e.g. "
+                            f"Tensor(a.astype(numpy.float64), requires_grad=True))")
+        self._requires_grad = value
 
     @classmethod
     def _from_node(cls, data, node, slot):
@@ -140,11 +183,14 @@ class Tensor:
         return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
 
     def register_grad_ready_hook(self, fn):
-        """fn(self) runs during backward once this leaf's gradient is complete."""
+        """fn(self) runs during backward once this leaf's gradient is complete.
+
+        Returns a HookHandle: `handle.remove()` unregisters fn again.
+        """
         if self._hooks is None:
             self._hooks = []
         self._hooks.append(fn)
-        return fn
+        return HookHandle(self, fn)
 
     # -- backward
     def backward(self, grad=None):
@@ -160,24 +206,23 @@ class Tensor:
                 raise RuntimeError(f"backward() without grad needs a one-element tensor, not shape {self.shape}")
             grad = xp.ones_like(self.data)
         else:
-            grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
+            # a private copy: the caller's array must never become some leaf's .grad
+            # (an in-place change to one would change the other)
+            grad = xp.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"grad has shape {grad.shape}, the tensor has shape {self.shape}")
         if self._node is None:                    # a leaf: its gradient is grad itself
-            _accumulate_leaf(self, grad.copy(), set())
+            _accumulate_leaf(self, grad, set())
             _fire(self)
             return
-        if self._node.out_grads is None:
-            raise RuntimeError("backward through a graph a second time: its saved arrays are freed")
         order = _topological_order(self._node)
+        _check_not_freed(order)                   # before any .grad is touched
         pending = _pending_consumers(order)
         self._node.out_grads[self._slot] = grad
         owned = set()                             # ids of arrays already given to a leaf
         callbacks = _STEP_CALLBACKS
         for node in reversed(order):
             ctx = node.ctx
-            if ctx.saved is None:
-                raise RuntimeError("backward through a graph a second time: its saved arrays are freed")
             grads = [g if g is not None else xp.zeros(s, d)
                      for g, (s, d) in zip(node.out_grads, node.out_shapes)]
             node.out_grads = None
@@ -207,6 +252,8 @@ class Tensor:
     def _lift(self, other):
         if isinstance(other, Tensor):
             return other
+        if isinstance(other, float) and not _can_have_grad(self.dtype):
+            return Tensor(xp.asarray(other))      # int tensor * 0.5 is 0.5 x, not 0 x
         return Tensor(xp.asarray(other, dtype=self.dtype))  # python scalars keep our dtype
 
     def __add__(self, o): return _ops().add(self, self._lift(o))
@@ -256,6 +303,21 @@ def _fire(t):
     if t._hooks is not None:
         for fn in t._hooks:
             fn(t)
+
+
+def _check_not_freed(order):
+    """Refuse, before anything is written, a graph that an earlier backward already ran.
+
+    Each node frees its saved arrays once its backward has run. A second backward()
+    through any of them (the same loss twice, or a second loss sharing part of the
+    graph) cannot work; finding that halfway would leave some leaves' .grad written.
+    """
+    for node in order:
+        if node.out_grads is None or node.ctx.saved is None:
+            raise RuntimeError(
+                f"backward() through a graph that an earlier backward() already ran: the saved arrays "
+                f"of its {node.fn.__name__} node are freed. Run the forward again to build a new graph "
+                f"(no .grad was changed by this call)")
 
 
 def _topological_order(root):

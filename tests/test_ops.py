@@ -145,3 +145,18 @@ def test_float32_stays_float32():
     loss.backward()
     for t in (x, w, b):
         assert t.grad.dtype == np.float32, t.grad.dtype
+
+
+@pytest.mark.parametrize("sa,sb", [((4,), (4, 3)), ((3, 4), (4,)), ((4,), (4,)),
+                                   ((2, 3, 4), (4,)), ((4,), (2, 4, 3))])
+def test_matmul_with_a_one_dimensional_operand(sa, sb):
+    """NumPy's rule: a 1-D left operand is a row, a 1-D right operand a column."""
+    a, b = R(sa), R(sb)
+    out = ops.matmul(Tensor(a), Tensor(b))
+    assert out.shape == (a @ b).shape
+    gradcheck(ops.matmul, a, b)
+
+
+def test_matmul_of_a_scalar_is_refused_in_forward():
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        ops.matmul(Tensor(np.float64(2.0)), Tensor(R((3,))))

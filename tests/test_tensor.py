@@ -127,3 +127,75 @@ def test_python_scalars_do_not_upcast():
     x = Tensor(np.ones(3, np.float32), requires_grad=True)
     y = (2.5 * x + 1) / 3 - 0.5
     assert y.dtype == np.float32
+
+
+def test_backward_through_a_freed_graph_is_refused_before_any_grad_changes():
+    """A second loss that shares a freed part of the graph: a clear error, no partial writes."""
+    w = Tensor(np.array([1.0, 2.0]), requires_grad=True)
+    v = Tensor(np.array([3.0, 4.0]), requires_grad=True)
+    h = w * w                                              # shared by both losses
+    first = h.sum()
+    second = (h * v).sum()                                 # v's gradient comes before h's node
+    first.backward()                                       # frees h's saved arrays
+    before = w.grad.copy()
+    with pytest.raises(RuntimeError, match="already ran.*Mul node.*no .grad was changed"):
+        second.backward()
+    assert v.grad is None, "v.grad was written before the error"
+    np.testing.assert_array_equal(w.grad, before)
+
+
+def test_requires_grad_on_an_integer_tensor_is_refused():
+    with pytest.raises(TypeError, match="floating-point"):
+        Tensor(np.arange(3), requires_grad=True)
+    t = Tensor(np.arange(3))
+    with pytest.raises(TypeError, match="floating-point"):
+        t.requires_grad = True
+    assert not t.requires_grad
+    Tensor(np.arange(3.0), requires_grad=True)             # floats are fine
+    Tensor(np.arange(3, dtype=np.float32), requires_grad=True)
+
+
+def test_a_float_scalar_does_not_truncate_an_integer_tensor():
+    y = Tensor(np.array([1, 2, 3])) * 0.5
+    np.testing.assert_array_equal(y.data, [0.5, 1.0, 1.5])
+
+
+@pytest.mark.parametrize("leaf_output", [False, True])
+def test_the_array_passed_to_backward_never_becomes_a_grad(leaf_output):
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    out = x if leaf_output else x + Tensor(np.zeros((2, 3)))   # Add hands grad straight through
+    G = np.full((2, 3), 0.5)
+    out.backward(G)
+    assert x.grad is not G and not np.shares_memory(x.grad, G)
+    G *= 100                                                # the caller reuses its buffer
+    np.testing.assert_array_equal(x.grad, np.full((2, 3), 0.5))
+    x.grad *= 3                                             # and the engine's copy is its own
+    np.testing.assert_array_equal(G, np.full((2, 3), 50.0))
+
+
+def test_grad_ready_hook_handle_removes_the_hook():
+    w = Tensor(np.ones(3), requires_grad=True)
+    calls = []
+    h1 = w.register_grad_ready_hook(lambda t: calls.append("a"))
+    h2 = w.register_grad_ready_hook(lambda t: calls.append("b"))
+    (w * 2.0).sum().backward()
+    assert calls == ["a", "b"]
+    h1.remove()
+    h1.remove()                                             # removing twice is harmless
+    (w * 2.0).sum().backward()
+    assert calls == ["a", "b", "b"]
+    h2.remove()
+    (w * 2.0).sum().backward()
+    assert calls == ["a", "b", "b"]
+    assert w._hooks is None                                 # no hooks left: no bookkeeping in backward
+
+
+def test_removing_one_of_two_registrations_of_the_same_function_keeps_the_other():
+    w = Tensor(np.ones(3), requires_grad=True)
+    calls = []
+    fn = lambda t: calls.append(1)                          # noqa: E731
+    h = w.register_grad_ready_hook(fn)
+    w.register_grad_ready_hook(fn)
+    h.remove()
+    (w * 2.0).sum().backward()
+    assert calls == [1]
