@@ -3,6 +3,9 @@
     python -m minidist.lessons.00_single_process
     python -m minidist.lessons.00_single_process --steps 300 --n-layer 6 --json out.json
 
+One process only: started under mpirun on several ranks it says so once and every rank
+exits 2 (eight identical copies would teach nothing and print everything eight times).
+
 It trains nanoGPT's model on bytes of text (the Python standard library's source by
 default, or --data FILE), printing loss, tokens/s and MFU per step, then a memory table
 measured from the arrays the process holds beside the formula, then checks the engine's
@@ -69,8 +72,8 @@ def gradient_check(seed, samples_per_param=3, h=1e-5):
 
 
 def main(args):
+    harness.single_process("lesson 00")
     cfg = common.config_from_args(args)
-    harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     data = common.load_dataset(args)
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=min(20, args.steps // 10), seed=args.seed,
@@ -150,11 +153,13 @@ def main(args):
 def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=150, dtype="float32")
     common.add_model_flags(p, n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16)
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default %(default)s)")
-    p.add_argument("--eval-interval", type=int, default=50, help="steps between validation losses (0: never)")
+    p.add_argument("--lr", type=harness.positive_float, default=2e-3, help="peak learning rate (default %(default)s)")
+    p.add_argument("--eval-interval", type=harness.nonnegative_int, default=50,
+                   help="steps between validation losses (0: never)")
     p.add_argument("--log-interval", type=harness.positive_int, default=10, help="steps between printed lines")
-    p.add_argument("--sample-tokens", type=int, default=200, help="length of the closing sample (0: none)")
-    p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s for MFU instead of measuring it")
+    p.add_argument("--sample-tokens", type=harness.nonnegative_int, default=200,
+                   help="length of the closing sample (0: none)")
+    p.add_argument("--peak-tflops", type=harness.positive_float, help="peak TFLOP/s for MFU instead of measuring it")
     return p
 
 

@@ -7,8 +7,12 @@
 It draws the ring for this world step by step, runs every collective of minidist.comm
 on an array whose length does not divide by N and compares each with one process's
 answer and with MPI's own, then times them on --size-mib MiB and prints bytes sent per
-rank (measured beside REFERENCE.md's formula), messages, time and bus bandwidth. It
-ends with the alpha-beta model: why the ring wins for large arrays and loses for tiny.
+rank (measured beside the formula of docs/reference.md#collectives), messages, time and
+bus bandwidth. It ends with the alpha-beta model (docs/reference.md#the-alpha-beta-cost-model):
+why the ring wins for large arrays and loses for tiny ones.
+
+Nothing here trains: the report's "parallel" and "steps" are null, "match" means every
+collective agreed with one process and every byte count equalled its formula.
 """
 import math
 import os
@@ -29,42 +33,57 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 # ----------------------------------------------------------------------------- the picture
 
+def ring_schedule(n):
+    """The ring's steps as (phase, s, [(sender, chunk) for every rank]), s = 1 .. n-1.
+
+    Reduce-scatter step s: rank r sends chunk (r - s) mod n to rank (r + 1) mod n, which
+    adds its own piece. All-gather step s: rank r forwards chunk (r - s + 1) mod n, which
+    the receiver keeps. (minidist/comm/collectives.py counts the same steps from 0.)
+    """
+    rs = [("reduce-scatter", s, [(r, (r - s) % n) for r in range(n)]) for s in range(1, n)]
+    ag = [("all-gather", s, [(r, (r - s + 1) % n) for r in range(n)]) for s in range(1, n)]
+    return rs + ag
+
+
 def draw_ring(n):
     """Print the ring reduce-scatter and all-gather for n ranks, as a table per step.
 
-    Rank r's own piece of chunk c is written with r's letter (a, b, c, ...); a cell lists
-    the ranks whose pieces it holds summed, '*' marks what arrived this step.
+    Rank r's own piece of a chunk is written with r's letter (a, b, c, ...); a cell lists
+    the ranks whose pieces it holds summed ('all' when every rank's is in), '*' marks
+    what arrived this step. Chunks are written #0, #1, ... so that no chunk is mistaken
+    for a rank's letter. Returns what was drawn, for the tests: a list of
+    (phase, s, [(sender, chunk, letters of the pieces sent)]) and the final table,
+    held[rank][chunk] = set of letters.
     """
-    letters = "abcdefgh"[:n]
-    held = [[letters[r] for _ in range(n)] for r in range(n)]     # held[rank][chunk]
+    letters = "abcdefghijklmnopqrstuvwxyz"[:n]
+    held = [[{letters[r]} for _ in range(n)] for r in range(n)]     # held[rank][chunk]
     cell = lambda s: "all" if len(s) == n else "+".join(sorted(s))
+    drawn = []
 
     def show(title, fresh):
         say(title)
-        say("          " + "".join(f"chunk {c:<6}" for c in range(n)))
+        say("          " + "".join(f"{'chunk #' + str(c):<12}" for c in range(n)))
         for r in range(n):
             say(f"  rank {r}  " + "".join(f"{cell(held[r][c]) + ('*' if (r, c) in fresh else ''):<12}"
                                           for c in range(n)))
 
-    show(f"start: rank r holds its own array (letter r), cut into {n} chunks", set())
-    for step in range(n - 1):
-        sent = [(r, (r - step - 1) % n) for r in range(n)]        # (sender, chunk)
-        moves = ", ".join(f"{r}->{(r + 1) % n}:c{c}" for r, c in sent)
-        for r, c in sent:
-            held[(r + 1) % n][c] = held[(r + 1) % n][c] + held[r][c]
-        show(f"\nreduce-scatter step {step + 1}/{n - 1}: rank r sends chunk r-{step + 1} right, "
-             f"the receiver adds it to its own piece ({moves})",
-             {((r + 1) % n, c) for r, c in sent})
-    say(f"-> rank r now holds chunk r summed over all ranks ('all'): that is reduce-scatter.")
-    for step in range(n - 1):
-        sent = [(r, (r - step) % n) for r in range(n)]
-        moves = ", ".join(f"{r}->{(r + 1) % n}:c{c}" for r, c in sent)
-        for r, c in sent:
-            held[(r + 1) % n][c] = held[r][c]                      # copy, no adding
-        show(f"\nall-gather step {step + 1}/{n - 1}: rank r forwards chunk r{f'-{step}' if step else ''} "
-             f"right, the receiver keeps it ({moves})",
-             {((r + 1) % n, c) for r, c in sent})
+    show(f"start: rank r holds its own array (letter r), cut into {n} chunks, #0 to #{n - 1}", set())
+    for phase, s, sent in ring_schedule(n):
+        moves = ", ".join(f"{r}->{(r + 1) % n}: #{c}" for r, c in sent)
+        drawn.append((phase, s, [(r, c, frozenset(held[r][c])) for r, c in sent]))
+        new = {((r + 1) % n, c): set(held[r][c]) for r, c in sent}     # everyone sends at once
+        for (dest, c), pieces in new.items():
+            held[dest][c] = held[dest][c] | pieces if phase == "reduce-scatter" else pieces
+        if phase == "reduce-scatter":
+            what = f"chunk #(r-{s}) mod {n} right; the receiver adds its own piece"
+        else:
+            which = f"#(r-{s - 1}) mod {n}" if s > 1 else "#r"
+            what = f"chunk {which} right; the receiver keeps it"
+        show(f"\n{phase} step {s} of {n - 1}: rank r sends {what} ({moves})", set(new))
+        if phase == "reduce-scatter" and s == n - 1:
+            say("-> rank r now holds chunk #r summed over all ranks ('all'): that is reduce-scatter.")
     say(f"-> every rank holds every chunk summed: all-reduce in 2(N-1) = {2 * (n - 1)} steps.\n")
+    return drawn, held
 
 
 # ----------------------------------------------------------------------------- the collectives
@@ -77,7 +96,7 @@ def key(label):
 
 
 def formulas(n, m):
-    """Bytes the busiest rank sends in one call, by REFERENCE.md (m bytes, n ranks)."""
+    """Bytes the busiest rank sends in one call (m bytes, n ranks; docs/reference.md#collectives)."""
     p2 = 1 << (n.bit_length() - 1)
     m = int(m)                  # m divides by n here, so every formula is a whole number
     return {
@@ -145,6 +164,27 @@ def timed(comm, fn, repeats):
     return float(np.median(times))
 
 
+def bytes_needed(n, size_mib, dtype):
+    """Bytes one rank holds for the timing part: every rank's input (made on every rank
+    from the seed, through float64), plus results and buffers of a few M."""
+    m = size_mib * 2**20
+    return n * m * (1 + 8 / dtype.itemsize) + 6 * m
+
+
+def check_memory(comm, size_mib, dtype):
+    """--size-mib that this node's memory cannot hold is bad input, found before allocating."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)       # the ranks that share this machine
+    ranks_here = local.Get_size()
+    local.Free()
+    need = ranks_here * bytes_needed(comm.Get_size(), size_mib, dtype)
+    have = harness.physical_memory()
+    harness.agreed_need(
+        comm, have is None or need < 0.8 * have,
+        f"--size-mib {size_mib:g} needs about {need / 2**30:.1f} GiB on this machine "
+        f"({ranks_here} ranks, each holding all {comm.Get_size()} ranks' inputs), more than 80% of its "
+        f"{(have or 0) / 2**30:.1f} GiB: choose a smaller --size-mib")
+
+
 def max_over_ranks(comm, value):
     buf = np.array([value], dtype=np.float64)
     comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
@@ -155,7 +195,7 @@ def main(args):
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     dtype = np.dtype(args.dtype)
-    harness.need(args.size_mib > 0, f"--size-mib must be positive, got {args.size_mib}")
+    check_memory(comm, args.size_mib, dtype)
     say(f"Lesson 01: collectives by hand on {n} rank{'s' * (n > 1)} (MPI point-to-point messages only)\n")
     if args.draw:
         draw_ring(min(n, 4) if n > 1 else 2)
@@ -207,7 +247,8 @@ def main(args):
     say("  algbw = M / time; busbw = algbw x 2(N-1)/N (all-reduce), (N-1)/N (reduce-scatter, all-gather,")
     say("  all-to-all), 1 (broadcast, reduce): nccl-tests' convention, comparable across N.")
     say("  * MPI's own all-reduce moves its bytes inside the library, where minidist cannot count them;")
-    say("    its algorithm is MPICH's choice for this size (see REFERENCE.md), not necessarily a ring.")
+    say("    its algorithm is MPICH's choice for this size (docs/reference.md#the-alpha-beta-cost-model),")
+    say("    not necessarily a ring.")
 
     # 3. the alpha-beta model with this machine's alpha and beta
     alpha_beta(comm, n, M, args.repeats)
@@ -217,7 +258,7 @@ def main(args):
     bytes_ok = all(measured[k] == expect[k] for k in measured if measured[k] is not None)
     say(f"\nmeasured bytes {'equal' if bytes_ok else 'DIFFER FROM'} the formulas (M divides by N)")
     report = harness.new_report(
-        "01_collectives", args, parallel={"dp": n, "tp": 1, "pp": 1}, steps=None,
+        "01_collectives", args, steps=None,
         match=bool(worst <= tol and bytes_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
         comm={"bytes_sent": {key(k): v for k, v in measured.items() if v is not None},
               "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}})
@@ -247,7 +288,8 @@ def alpha_beta(comm, n, M, repeats):
     model = {"ring": lambda m: 2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta,
              "recursive doubling": lambda m: lg * (alpha + m * beta),
              "naive": lambda m: 2 * (n - 1) * (alpha + m * beta)}
-    say(f"\nalpha-beta model (MPICH's cost comments, REFERENCE.md), measured here by ping-pong:")
+    say(f"\nalpha-beta model (MPICH's cost comments; docs/reference.md#the-alpha-beta-cost-model),")
+    say("measured here by ping-pong:")
     say(f"  alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
         f"({1 / beta / 1e9:.2f} GB/s)")
     say(f"  ring 2(N-1)a + 2(N-1)/N Mb;  recursive doubling lg N (a + Mb);  naive ~2(N-1)(a + Mb)")
@@ -272,7 +314,8 @@ def alpha_beta(comm, n, M, repeats):
 
 def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=None, dtype="float32")
-    p.add_argument("--size-mib", type=float, default=1.0, help="MiB per rank for timing (default %(default)s)")
+    p.add_argument("--size-mib", type=harness.positive_float, default=1.0,
+                   help="MiB per rank for timing, more than 0 (default %(default)s)")
     p.add_argument("--repeats", type=harness.positive_int, default=5, help="timed calls per collective")
     p.add_argument("--no-draw", dest="draw", action="store_false", help="skip the step-by-step picture")
     return p

@@ -8,8 +8,9 @@ process training on the whole batch.
     mpirun -n 4 python -m minidist.lessons.02_data_parallel --dtype float32 --json out.json
 
 It trains a few AdamW steps (with gradient clipping) data-parallel and single-process
-from the same seed and global batch, compares loss, gradients and weights, checks that
-the replicas stayed identical, prints the bytes each rank sent beside 2(N-1)/N x the
+from the same seed and global batch, compares the losses, the raw gradients of every
+step (averaged across ranks, before clipping and AdamW, which would hide a gradient off
+by a constant factor) and the weights, checks that the replicas stayed identical, prints the bytes each rank sent beside 2(N-1)/N x the
 gradient bytes, then times naive against bucketed synchronisation and draws when each
 bucket's all-reduce ran against the backward.
 """
@@ -110,7 +111,8 @@ def main(args):
     say(f"batch   global {args.batch_size} sequences = {world} ranks x {per_rank}"
         + (f" (each as {args.grad_accum} micro-batches of {per_rank // args.grad_accum}, one all-reduce per step)"
            if args.grad_accum > 1 else ""))
-    say(f"steps   {args.steps} AdamW steps, gradient clipping at norm {args.grad_clip}\n")
+    say(f"steps   {args.steps} AdamW steps, " + (f"gradient clipping at norm {args.grad_clip}" if args.grad_clip
+                                                  else "no gradient clipping") + "\n")
 
     # --- the data-parallel run: same seed on every rank, then rank 0's weights broadcast
     model, opt, tc = make_run(args, cfg)
@@ -138,15 +140,15 @@ def main(args):
     identical = len(set(crcs.tolist())) == 1
     match = bool(rel <= tol and identical)
 
-    say("what was compared: loss per step, every gradient after the last step, every weight after it")
+    say(f"what was compared: {common.COMPARED}")
     harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
                   header=["step", "loss 1 process", f"loss {world} ranks"])
-    for kind, prefix in (("losses", "loss"), ("gradients", "grad:"), ("weights", "weight:")):
-        part = [k for k in state if k.startswith(prefix)]
-        r, _, w = harness.compare({k: state[k] for k in part}, {k: ref_state[k] for k in part})
+    for kind, r, _, w in common.compare_by_kind(state, ref_state):
         r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<10} max_rel_diff {r:.1e}" + (f"  (largest in {w.split(':')[1]} on rank 0)" if ":" in w else ""))
-    say(f"  tolerance {tol:.0e} ({cfg.dtype}): {'within' if rel <= tol else 'OUTSIDE'}")
+        say(f"  {kind:<13} max_rel_diff {r:.1e}"
+            + (f"  (largest in {common.where(w)} on rank 0)" if ":" in w else "")
+            + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
     say(f"  replicas after training: {'identical' if identical else 'DIFFERENT'} on all {world} ranks "
         f"(CRC of the weights {crcs[0] & 0xffffffff:08x}{'' if identical else ' ...'})\n")
 
@@ -214,14 +216,14 @@ def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
     common.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24)
     p.add_argument("--naive", action="store_true", help="all-reduce each gradient after backward (no buckets)")
-    p.add_argument("--bucket-mb", type=float, default=0.25,
+    p.add_argument("--bucket-mb", type=harness.positive_float, default=0.25,
                    help="bucket size in MiB (default %(default)s; PyTorch DDP uses 25 for big models)")
     p.add_argument("--grad-accum", type=harness.positive_int, default=1,
                    help="micro-batches per rank per step, one all-reduce per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--grad-clip", type=float, default=0.5, help="clip the global gradient norm (0: off)")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5, help="clip the global gradient norm (0: off)")
     p.add_argument("--timing-reps", type=harness.positive_int, default=5, help="repeats of the timing comparison")
-    p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for MFU instead of measuring it")
+    p.add_argument("--peak-tflops", type=harness.positive_float, help="peak TFLOP/s per rank for MFU instead of measuring it")
     return p
 
 

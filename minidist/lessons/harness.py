@@ -17,6 +17,7 @@ rank exits 2. Anything else is a bug, and the fail-fast hook ends the whole job.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -93,13 +94,47 @@ class _Parser(argparse.ArgumentParser):
             super().print_help(file)
 
 
-def positive_int(text):
+def _number(text, kind):
+    """text -> int or float, or an argparse error that names what was expected."""
     try:
-        v = int(text)
+        v = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}")
+    if kind is float and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive_int(text):
+    """argparse type: a whole number >= 1 (steps, sizes, repeats)."""
+    v = _number(text, int)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def nonnegative_int(text):
+    """argparse type: a whole number >= 0 (a seed; an interval where 0 means never)."""
+    v = _number(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def nonnegative_float(text):
+    """argparse type: a finite number >= 0 (a clipping norm where 0 means off)."""
+    v = _number(text, float)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v:g}")
+    return v
+
+
+def positive_float(text):
+    """argparse type: a finite number > 0 (a learning rate, a size in MiB, a peak TFLOP/s)."""
+    v = _number(text, float)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {v:g}")
     return v
 
 
@@ -113,7 +148,7 @@ def parser(description, steps=3, dtype="float64"):
         p.add_argument("--steps", type=positive_int, default=steps, help="training steps (default %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float64"], default=dtype,
                    help="float64 checks exactness, float32 is the speed case (default %(default)s)")
-    p.add_argument("--seed", type=int, default=1337, help="seed for weights and batches")
+    p.add_argument("--seed", type=nonnegative_int, default=1337, help="seed for weights and batches (0 or more)")
     p.add_argument("--json", metavar="PATH", help="write the lesson's report as JSON on rank 0")
     return p
 
@@ -223,14 +258,45 @@ def finish(report, args):
     return 0 if match else 1
 
 
+def json_problem(path):
+    """Why the report cannot be written to `path`, or None when it can.
+
+    Found before the run, not after it: a folder given as the file, a missing or
+    read-only folder, a file that exists but cannot be written (tried by opening it to
+    append, which changes nothing: permission bits alone do not bind a superuser).
+    """
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        return f"--json {path}: that is a folder; give a file name, e.g. {os.path.join(path, 'report.json')}"
+    if not os.path.isdir(folder):
+        return f"--json {path}: the folder {folder} does not exist"
+    if os.path.exists(full):
+        try:                       # opening to append changes nothing in the file
+            open(full, "a").close()
+        except OSError as e:
+            return f"--json {path}: the file exists and cannot be written ({e.strerror})"
+        return None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--json {path}: the folder {folder} is not writable"
+    return None
+
+
+def _root_decides(problem):
+    """Rank 0's verdict on something only rank 0 does (writing --json), known on every rank."""
+    if world()[1] == 1:
+        return problem
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.bcast(problem, root=0)   # a short string or None, once per run
+
+
 def run(main, p):
     """Parse flags, run main(args) and exit with its code; InputError -> one line, exit 2."""
     args = p.parse_args()
     try:
         if getattr(args, "json", None):  # found now, not after the whole run
-            folder = os.path.dirname(os.path.abspath(args.json))
-            need(os.path.isdir(folder) and os.access(folder, os.W_OK),
-                 f"--json {args.json}: the folder {folder} does not exist or is not writable")
+            problem = _root_decides(json_problem(args.json) if is_root() else None)
+            need(problem is None, problem)
         code = main(args)
     except InputError as e:
         say(f"error: {e}", file=sys.stderr)
@@ -238,6 +304,17 @@ def run(main, p):
         agreed_exit(EXIT_INPUT)
     sys.stdout.flush()
     agreed_exit(code or 0)
+
+
+def single_process(lesson):
+    """InputError on every rank when a one-process lesson is started on several ranks.
+
+    Training N identical copies would only waste N-1 processes and print N-fold; the
+    lesson says so once and every rank exits 2.
+    """
+    n = world()[1]
+    need(n == 1, f"{lesson} is a single-process lesson: run it without mpirun (or with -n 1), "
+                 f"not on {n} ranks")
 
 
 def need(ok, message):
@@ -254,6 +331,14 @@ def agreed_need(comm, ok, message):
     from minidist.comm import agree
     if not agree(comm, bool(ok)):
         raise InputError(message if not ok else f"{message} (found on another rank)")
+
+
+def physical_memory():
+    """Bytes of memory this machine has, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def env_threads():
