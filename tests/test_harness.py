@@ -1,5 +1,6 @@
 """The lesson harness: per-tensor comparison, report keys, flags that fail cleanly."""
 import json
+import os
 import subprocess
 import sys
 
@@ -60,3 +61,72 @@ def test_bad_input_is_one_message_and_exit_2(flags, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- flag types
+
+@pytest.mark.parametrize("kind, good, bad", [
+    (harness.positive_int, {"1": 1, "42": 42}, ["0", "-3", "1.5", "x"]),
+    (harness.nonnegative_int, {"0": 0, "7": 7}, ["-1", "2.0", "x"]),
+    (harness.positive_float, {"0.01": 0.01, "3": 3.0}, ["0", "-1", "nan", "inf", "x"]),
+    (harness.nonnegative_float, {"0": 0.0, "0.5": 0.5}, ["-0.1", "nan", "-inf", "x"]),
+])
+def test_flag_types_accept_and_refuse(kind, good, bad):
+    import argparse
+    for text, value in good.items():
+        assert kind(text) == value
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError):
+            kind(text)
+
+
+def test_json_problem_finds_folders_missing_folders_and_unwritable_files(tmp_path):
+    assert "is a folder" in harness.json_problem(str(tmp_path))
+    assert "does not exist" in harness.json_problem(str(tmp_path / "no" / "r.json"))
+    assert harness.json_problem(str(tmp_path / "new.json")) is None
+    old = tmp_path / "old.json"
+    old.write_text("keep me")
+    assert harness.json_problem(str(old)) is None
+    assert old.read_text() == "keep me", "the check must not change an existing file"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs Linux /proc")
+def test_json_problem_finds_a_file_that_cannot_be_written():
+    # /proc/version exists and refuses writes even to a superuser, unlike a chmod 444 file
+    assert "cannot be written" in harness.json_problem("/proc/version")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="a superuser may write a read-only file")
+def test_json_problem_finds_a_read_only_file(tmp_path):
+    f = tmp_path / "ro.json"
+    f.write_text("{}")
+    f.chmod(0o444)
+    assert "cannot be written" in harness.json_problem(str(f))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", "-1"], "--seed: must be 0 or more"),
+    (["--peak-tflops", "-1"], "--peak-tflops: must be more than 0"),
+    (["--sample-tokens", "-5"], "--sample-tokens: must be 0 or more"),
+    (["--eval-interval", "-1"], "--eval-interval: must be 0 or more"),
+    (["--lr", "0"], "--lr: must be more than 0"),
+])
+def test_lesson_00_refuses_negative_flags(flags, message):
+    proc = subprocess.run([sys.executable, "-m", "minidist.lessons.00_single_process", *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.count("error:") == 1
+    assert proc.stdout == "", "nothing may run before the flags are checked"
+
+
+@pytest.mark.parametrize("where", ["folder", "missing folder", "unwritable file"])
+def test_lesson_00_refuses_a_json_path_it_cannot_write_before_training(tmp_path, where):
+    if where == "unwritable file" and not os.path.exists("/proc/version"):
+        pytest.skip("needs Linux /proc")
+    path = {"folder": str(tmp_path), "missing folder": str(tmp_path / "no" / "r.json"),
+            "unwritable file": "/proc/version"}[where]
+    proc = subprocess.run([sys.executable, "-m", "minidist.lessons.00_single_process", "--json", path],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count(f"--json {path}:") == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout == "", "the check must come before the run, not after it"

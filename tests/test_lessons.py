@@ -53,3 +53,46 @@ def test_lesson_02_refuses_a_batch_that_does_not_divide(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("does not divide evenly") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def mpirun_lesson(lesson, flags, n=3):
+    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_refused_once(proc, message):
+    """Exit 2, the message once (rank 0 speaks for all), nothing run, no traceback."""
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.count(message) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Abort" not in proc.stderr, proc.stderr
+    assert "Lesson" not in proc.stdout, "the flags must be checked before the lesson starts"
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_00_under_mpirun_says_it_is_single_process(tmp_path):
+    assert_refused_once(mpirun_lesson("00_single_process", []), "single-process lesson")
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@pytest.mark.parametrize("flags, message", [
+    (["--size-mib", "0"], "--size-mib: must be more than 0"),
+    (["--size-mib", "-2"], "--size-mib: must be more than 0"),
+    (["--size-mib", "1e9"], "choose a smaller --size-mib"),
+    (["--seed", "-1"], "--seed: must be 0 or more"),
+    (["--json", "FOLDER"], "that is a folder"),
+])
+def test_lesson_01_refuses_bad_flags_once_on_every_rank(tmp_path, flags, message):
+    flags = [str(tmp_path) if f == "FOLDER" else f for f in flags]
+    assert_refused_once(mpirun_lesson("01_collectives", flags), message)
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@pytest.mark.parametrize("flags, message", [
+    (["--grad-clip", "-1"], "--grad-clip: must be 0 or more"),
+    (["--peak-tflops", "-3"], "--peak-tflops: must be more than 0"),
+    (["--json", "/proc/version"], "cannot be written"),
+])
+def test_lesson_02_refuses_bad_flags_once_on_every_rank(flags, message):
+    if "/proc/version" in flags and not Path("/proc/version").exists():
+        pytest.skip("needs Linux /proc")
+    assert_refused_once(mpirun_lesson("02_data_parallel", flags), message)
