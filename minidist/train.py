@@ -3,7 +3,9 @@ learning-rate warm-up then cosine decay, one optimizer step over micro-batches w
 gradient clipping, and a validation loss.
 
 A parallel strategy changes what happens around backward and before the optimizer step
-(data parallelism all-reduces gradients there): `train_step(..., dp=wrapper)` is that slot.
+(data parallelism all-reduces gradients there): `train_step(..., dp=wrapper)` is that slot,
+and `train_step(..., raw_grads={})` hands back the gradients that slot produced, before
+clipping and the optimizer touch them: what a parallel run is compared on.
 """
 import contextlib
 import math
@@ -12,6 +14,7 @@ from typing import Optional
 
 import numpy as np
 
+from minidist.backend import xp
 from minidist.optim import clip_grad_norm
 from minidist.rng import DropoutRNG
 from minidist.tensor import no_grad
@@ -56,25 +59,44 @@ def micro_batches(x, y, step, seed, k=1, first_sample=0):
     return [(x[r], y[r], DropoutRNG(seed, step, first_sample + r)) for r in rows]
 
 
-def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None):
+def micro_batch_scale(k):
+    """What each of k micro-batches' losses is multiplied by before its backward: 1/k.
+
+    The k backward passes add their gradients into .grad, so the sum is the gradient of
+    the mean loss over the whole batch: the same gradient one big batch gives.
+    """
+    return 1.0 / k
+
+
+def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=None):
     """One optimizer step. Returns (mean loss over the micro-batches, grad norm or None).
 
-    batches: [(x, y, rng)] micro-batches; each loss is scaled by 1/k so the accumulated
-    gradient is the gradient of the mean loss. dp: a gradient synchroniser (see
-    minidist/parallel/data_parallel.py): each backward runs inside
+    batches: [(x, y, rng)] micro-batches; each loss is scaled by micro_batch_scale(k)
+    = 1/k so the accumulated gradient is the gradient of the mean loss. dp: a gradient
+    synchroniser (see minidist/parallel/data_parallel.py): each backward runs inside
     dp.backward_context(last), where it may communicate, and dp.sync() runs after the
     last one, before clipping.
+
+    raw_grads: a dict to fill with a copy of every parameter's gradient as it stands
+    after dp.sync() and before clipping and the optimizer ({name: array}, None for a
+    parameter without one). That is what a parallel run is compared on: clipping
+    rescales the gradients to a fixed norm and AdamW divides by their own size, so
+    between them a gradient wrong by a constant factor would leave the weights right.
     """
     params = list(model.parameters())
     optimizer.zero_grad()
     k, total = len(batches), 0.0
+    scale = micro_batch_scale(k)
     for i, (x, y, rng) in enumerate(batches):
         _, loss = model(x, y, rng=rng)
         with dp.backward_context(last=i == k - 1) if dp is not None else contextlib.nullcontext():
-            (loss * (1.0 / k)).backward()
+            (loss * scale).backward()
         total += loss.item() / k
     if dp is not None:
         dp.sync()
+    if raw_grads is not None:
+        for name, p in model.named_parameters():
+            raw_grads[name] = None if p.grad is None else xp.array(p.grad)   # a copy
     norm = clip_grad_norm(params, grad_clip) if grad_clip else None
     optimizer.set_lr(lr)
     optimizer.step()

@@ -140,7 +140,9 @@ def main(args):
     identical = len(set(crcs.tolist())) == 1
     match = bool(rel <= tol and identical)
 
-    say(f"what was compared: {common.COMPARED}")
+    say(f"what was compared, one process against {world} ranks:")
+    for line in common.COMPARED:
+        say(f"  - {line}")
     harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
                   header=["step", "loss 1 process", f"loss {world} ranks"])
     for kind, r, _, w in common.compare_by_kind(state, ref_state):

@@ -3,7 +3,9 @@ loop for the reference and the parallel runs, and small reductions for the repor
 
 The reference (one process, whole global batch) and every parallel run go through
 `train_and_collect`, so they see the same batches, schedule and dropout masks; the only
-difference left is the strategy under test.
+difference left is the strategy under test. What they are compared on is the rule of
+`COMPARED`: losses, the raw gradients of every step (before clipping and the optimizer)
+and the final weights.
 """
 import os
 
@@ -87,31 +89,80 @@ def load_dataset(args, comm=None):
     return dataset
 
 
+# What every training lesson compares, in the words its report prints. The gradients are
+# the raw ones: a gradient off by a constant factor (an average divided by N-1 instead of
+# N, a micro-batch loss not scaled by 1/k, a tensor-parallel sum counted twice) is the
+# most common bug of a parallel strategy, and gradient clipping followed by AdamW hides
+# it from the weights: clipping rescales the gradients to one norm, and AdamW divides
+# each by its own running size. Before clipping and before the optimizer, the factor is
+# in plain sight.
+COMPARED = (
+    "the loss of every step",
+    "the raw gradients of every step: synchronised across ranks, before clipping and the optimizer\n"
+    "    (clipping and AdamW both rescale gradients: a gradient off by a constant factor would still\n"
+    "    give the right weights, so the gradients are compared before they do)",
+    "every weight after the last step",
+)
+
+KINDS = (("losses", "loss"), ("raw gradients", "grad:"), ("weights", "weight:"))
+
+
 def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=None):
     """Train `args.steps` steps on rows `rows` of each global batch; return what to compare.
 
     Every run, reference or parallel, goes through here, so both see the same batches
     (data.get_batch is a function of the step), the same learning-rate schedule and the
     same dropout masks (drawn per sample of the global batch). Returns
-    (local losses per step, {"grad:<name>": array, "weight:<name>": array}, step times).
+    (local losses per step, state, step times), where state holds
+    - "grad:<name>@step<s>": the raw gradient of step s, as train_step's dp slot left it
+      (synchronised across ranks, scaled by the micro-batches, not yet clipped; zeros
+      for a parameter without one), see COMPARED for why;
+    - "weight:<name>": the weights after the last step.
     """
     import time
     from minidist.backend import to_numpy
     from minidist.train import get_lr, micro_batches, train_step
-    losses, times = [], []
+    losses, times, state = [], [], {}
     for step in range(args.steps):
         x, y = data.get_batch("train", args.batch_size, step)
         first = rows.start or 0
         batches = micro_batches(x[rows], y[rows], step, args.seed, micro, first_sample=first)
+        raw = {}
         t0 = time.perf_counter()
-        loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp)
+        loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp, raw_grads=raw)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-    state = {}
+        for name, p in model.named_parameters():
+            g = raw[name]
+            state[f"grad:{name}@step{step}"] = np.zeros(p.shape, p.dtype) if g is None else to_numpy(g)
     for name, p in model.named_parameters():
-        state[f"grad:{name}"] = to_numpy(p.grad)
-        state[f"weight:{name}"] = to_numpy(p.data)
+        state[f"weight:{name}"] = to_numpy(p.data).copy()
     return losses, state, times
+
+
+def compare_by_kind(state, ref_state):
+    """harness.compare for each kind of KINDS apart: [(kind, max_rel_diff, max_abs_diff, worst key)].
+
+    A kind present on neither side (a lesson that does not train has no gradients) is left out.
+    """
+    from minidist.lessons.harness import compare
+    out = []
+    for kind, prefix in KINDS:
+        keys = [k for k in set(state) | set(ref_state) if k.startswith(prefix)]
+        if not keys:
+            continue
+        part = lambda d: {k: d[k] for k in keys if k in d}   # noqa: E731  (missing -> inf in compare)
+        out.append((kind, *compare(part(state), part(ref_state))))
+    return out
+
+
+def where(key):
+    """A state key in words: "grad:transformer.wte.weight@step2" -> "transformer.wte.weight at step 2"."""
+    name = key.split(":", 1)[1] if ":" in key else key
+    if "@step" in name:
+        name, step = name.rsplit("@step", 1)
+        return f"{name} at step {step}"
+    return name
 
 
 def mpi_reduce(comm, values, op="max"):

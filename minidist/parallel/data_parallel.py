@@ -23,12 +23,17 @@ accumulation the first k-1 micro-batches only accumulate locally (PyTorch's no_s
 """
 import contextlib
 import time
+import weakref
 import zlib
 
 import numpy as np
 
 from minidist.comm import all_reduce, broadcast, ring_all_reduce_start
 from minidist.tensor import backward_step_callback
+
+
+# model -> the BucketedDataParallel whose grad-ready hooks are on its parameters
+_HOOKED = weakref.WeakKeyDictionary()
 
 
 def broadcast_parameters(model, comm, root=0):
@@ -136,8 +141,14 @@ class BucketedDataParallel:
         groups = assign_buckets([p.data.nbytes for p in self.params], bucket_bytes)
         self.buckets = [Bucket(i, [self.params[j] for j in g], dtype) for i, g in enumerate(groups)]
         self.where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
-        for p in self.params:
-            p.register_grad_ready_hook(self._grad_ready)
+        # one wrapper's hooks per model: wrapping the same model again (the lesson times a
+        # naive and a bucketed run on one model; later lessons re-wrap models) takes the
+        # previous wrapper's hooks off first, instead of stacking a dead hook per wrap
+        previous = _HOOKED.get(model)
+        if previous is not None:
+            previous.remove_hooks()
+        self.hooks = [p.register_grad_ready_hook(self._grad_ready) for p in self.params]
+        _HOOKED[model] = self
         self.communicating = False
         self.next_to_start = 0         # buckets start strictly in index order on every rank
         self.timeline = {}             # times of the last step, for the lesson's picture
@@ -145,10 +156,21 @@ class BucketedDataParallel:
     def __call__(self, *args, **kw):
         return self.model(*args, **kw)
 
+    def remove_hooks(self):
+        """Take this wrapper's grad-ready hooks off the parameters (it can no longer sync)."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks = None
+        if _HOOKED.get(self.model) is self:
+            del _HOOKED[self.model]
+
     # -- during backward
     @contextlib.contextmanager
     def backward_context(self, last):
         """Wrap one micro-batch's backward; communication happens only in the last one."""
+        if self.hooks is None:
+            raise RuntimeError("this BucketedDataParallel's hooks were removed (the model was wrapped "
+                               "again, or remove_hooks() was called): use the newer wrapper")
         if not last:
             yield                       # no_sync: gradients only accumulate locally
             return
