@@ -79,3 +79,61 @@ def test_memory_by_category_counts_the_arrays_held():
 
 def test_measured_peak_is_positive():
     assert metrics.measure_peak_flops("float32", n=64, seconds=0.01) > 0
+
+
+def test_raw_grads_are_the_gradients_before_clipping():
+    cfg = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=16, dtype="float64")
+    model = GPT(cfg, seed=2)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    x, y = DATA.get_batch("train", 4, 0)
+    raw = {}
+    _, norm = train_step(model, opt, micro_batches(x, y, 0, 2), 1e-3, grad_clip=1e-3, raw_grads=raw)
+    assert list(raw) == [n for n, _ in model.named_parameters()]
+    raw_norm = np.sqrt(sum(float(np.vdot(g, g)) for g in raw.values()))
+    assert abs(raw_norm - norm) <= 1e-12 * norm, "raw_grads must be what clipping saw"
+    clipped = np.sqrt(sum(float(np.vdot(p.grad, p.grad)) for p in model.parameters()))
+    assert norm > 1e-2 and abs(clipped - 1e-3) < 1e-8, "the step itself still clips"
+    assert all(g is not p.grad for g, p in zip(raw.values(), model.parameters()))
+
+
+def collect(dtype, accum, optimizer="adamw", clip=1.0, steps=3):
+    """The lessons' comparison path on one process: train_and_collect with k micro-batches."""
+    from types import SimpleNamespace
+
+    from minidist.lessons import common
+    from minidist.optim import SGD
+    cfg = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=16, dropout=0.1, dtype=dtype)
+    model = GPT(cfg, seed=4)
+    opt = (SGD(model.parameters(), lr=1e-2) if optimizer == "sgd"
+           else model.configure_optimizers(0.1, 1e-3, (0.9, 0.95)))
+    tc = TrainConfig(batch_size=8, max_iters=steps, learning_rate=1e-3, warmup_iters=1, grad_clip=clip)
+    losses, state, _ = common.train_and_collect(model, opt, DATA, SimpleNamespace(steps=steps, batch_size=8, seed=9),
+                                                tc, micro=accum)
+    state["loss"] = np.array(losses)
+    return state
+
+
+@pytest.mark.parametrize("optimizer,clip", [("adamw", 1e-3), ("sgd", 0.0)])
+def test_accumulation_matches_in_the_lessons_comparison(optimizer, clip):
+    from minidist.lessons import common, harness
+    one, two = collect("float64", 1, optimizer, clip), collect("float64", 2, optimizer, clip)
+    for kind, rel, _, worst in common.compare_by_kind(two, one):
+        assert rel <= 1e-10, f"{kind}: max_rel_diff {rel:.2e} in {worst}"
+    assert harness.compare(two, one)[0] <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_planted_micro_batch_loss_not_scaled_by_1_over_k_is_caught(dtype, monkeypatch):
+    """Forget the 1/k and two micro-batches give twice the gradient. Clipping (here it
+    really clips) and AdamW nearly hide it from the weights; the raw gradients cannot."""
+    from minidist import train as train_module
+    from minidist.lessons import common, harness
+    one = collect(dtype, 1, clip=1e-3)
+    monkeypatch.setattr(train_module, "micro_batch_scale", lambda k: 1.0)
+    two = collect(dtype, 2, clip=1e-3)
+    tol = harness.TOLERANCE[dtype]
+    kinds = {kind: rel for kind, rel, _, _ in common.compare_by_kind(two, one)}
+    assert kinds["raw gradients"] > tol and harness.compare(two, one)[0] > tol, kinds
+    first = [k for k in one if k.startswith("grad:") and k.endswith("@step0")]
+    rel0 = harness.compare({k: two[k] for k in first}, {k: one[k] for k in first})[0]
+    assert abs(rel0 - 1.0) <= 1e-3, f"step 0's gradients should be exactly twice as large: {rel0}"
