@@ -93,7 +93,9 @@ def main(args):
     say(f"data    {'default corpus (Python stdlib source)' if args.data is None else args.data}: "
         f"{n_train:,} train / {n_val:,} val byte tokens")
     say(f"batch   {args.batch_size} sequences x {cfg.block_size} tokens = {tokens:,} tokens per step")
-    say(f"FLOPs   6N + 12*L*H*Q*T = {fpt / 1e6:.2f} MFLOP per token; peak "
+    say(f"FLOPs   6N + 12*L*H*Q*T with L={cfg.n_layer} layers, H={cfg.n_head} heads of Q={cfg.n_embd // cfg.n_head}, "
+        f"T={cfg.block_size} tokens")
+    say(f"        = {fpt / 1e6:.2f} MFLOP per token; peak "
         f"{'given' if args.peak_tflops else 'measured'} {peak / 1e9:.1f} GFLOP/s "
         f"({cfg.dtype} matmul, OMP_NUM_THREADS={harness.env_threads()})\n")
 
@@ -126,6 +128,8 @@ def main(args):
         ["params", fmt_bytes(mem["params"]), fmt_bytes(n_all * b), f"{b} B x P"],
         ["grads", fmt_bytes(mem["grads"]), fmt_bytes(n_all * b), f"{b} B x P"],
         ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(2 * n_all * b), f"2 x {b} B x P"],
+        ["total before activations", fmt_bytes(mem["params"] + mem["grads"] + mem["optimizer"]),
+         fmt_bytes(4 * n_all * b), f"{4 * b} B x P"],
         ["activations (peak saved for backward)", fmt_bytes(mem["activations_peak"]), "", "grows with B x T"],
     ], header=["category", "measured", "formula", ""])
 
