@@ -1,0 +1,226 @@
+"""Tensor parallelism against one process, at whatever world size mpirun gives (1, 2, 3, 4, 8).
+
+    mpirun -n 3 python -m pytest --only-mpi tests/mpi/test_tensor_parallel.py
+
+The GPT has 24 heads (they divide by every tensor-parallel size tested) and a vocabulary
+of 250 (padded at t = 3, 4, 8). Three AdamW steps with clipping that really clips; per
+tensor, the loss of each step, every raw gradient of each step (after the gradient
+syncs, before clipping: a constant factor must not slip through) and every weight at the
+end, gathered whole, must equal the single-process run's: max_rel_diff <= 1e-10 in
+float64, the harness's tolerance in float32. Bytes each rank sends equal the formula.
+"""
+import contextlib
+import functools
+import zlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from minidist.comm import ProcessGrid, stats
+from minidist.data import shard_slice
+from minidist.lessons import harness
+from minidist.lessons.common import mpi_reduce
+from minidist.model import GPT, GPTConfig
+from minidist.optim import clip_grad_norm
+from minidist.parallel import sequence_parallel, tensor_parallel as tpm
+from minidist.parallel.data_parallel import NaiveDataParallel
+from minidist.parallel.tensor_parallel import (TensorParallelGPT, TensorParallelSync, expected_bytes,
+                                               gather_state, ring_all_reduce_sent)
+from minidist.train import TrainConfig, get_lr, micro_batches, train_step
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+WORLD = COMM.Get_size()
+BATCH, T, V, SEED, STEPS = 24, 8, 250, 7, 3      # 24 sequences divide by every dp size tested
+TC = TrainConfig(batch_size=BATCH, max_iters=STEPS, learning_rate=3e-3, warmup_iters=1, grad_clip=0.05)
+
+
+def config(dtype="float64", dropout=0.0):
+    return GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=24, n_embd=48, dropout=dropout, dtype=dtype)
+
+
+def batch(step):
+    g = np.random.default_rng([SEED, step])
+    return g.integers(0, V, (BATCH, T)), g.integers(0, V, (BATCH, T))
+
+
+class ClipAndKeep:
+    """The reference's slot in train_step: keep the raw gradients, then clip as usual."""
+
+    def __init__(self, model, clip):
+        self.model, self.clip = model, clip
+
+    def backward_context(self, last):
+        return contextlib.nullcontext()
+
+    def sync(self):
+        self.raw_grads = {n: p.grad.copy() for n, p in self.model.named_parameters()}
+        clip_grad_norm(self.model.parameters(), self.clip)
+
+
+def train(model, sync, rows):
+    """STEPS steps on rows `rows` of each global batch: (losses, [raw grads per step])."""
+    opt = model.configure_optimizers(TC.weight_decay, TC.learning_rate, (TC.beta1, TC.beta2))
+    losses, raws = [], []
+    for step in range(STEPS):
+        x, y = batch(step)
+        mb = micro_batches(x[rows], y[rows], step, SEED, 1, first_sample=rows.start or 0)
+        loss, _ = train_step(model, opt, mb, get_lr(step, TC), 0.0, dp=sync)   # sync clips
+        losses.append(loss)
+        raws.append(sync.raw_grads)
+    return losses, raws
+
+
+@functools.lru_cache(maxsize=None)
+def reference(dtype, dropout):
+    """{name: array} of the single-process run (every rank computes it; no messages)."""
+    model = GPT(config(dtype, dropout), seed=SEED)
+    losses, raws = train(model, ClipAndKeep(model, TC.grad_clip), slice(None))
+    state = {"loss": np.array(losses)}
+    for step, raw in enumerate(raws):
+        state.update({f"grad{step}:{n}": g for n, g in raw.items()})
+    state.update({f"weight:{n}": p.data.copy() for n, p in model.named_parameters()})
+    return state
+
+
+def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0):
+    """Train the tensor-parallel model (x data parallel over the rest of the world).
+
+    Returns (max_rel_diff over the world, the model, the grid, what this rank sent).
+    """
+    grid = ProcessGrid(tp=tp)
+    model = TensorParallelGPT(GPT(config(dtype, dropout), seed=SEED), grid.tp_comm, sequence_parallel=sp)
+    dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
+    sync = TensorParallelSync(model, TC.grad_clip, dp=dp, keep_raw=True)
+    rows = shard_slice(BATCH, grid.dp_rank, grid.dp)
+    with stats.measure() as sent:
+        losses, raws = train(model, sync, rows)
+    state = {"loss": mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp}
+    for step, raw in enumerate(raws):
+        state.update(gather_state(model, raw, prefix=f"grad{step}:"))
+    state.update(gather_state(model, prefix="weight:"))
+    rel, _, worst = harness.compare(state, reference(dtype, dropout))
+    return mpi_reduce(COMM, rel), model, grid, sent, worst
+
+
+def dp_sizes():
+    return [t for t in (1, 2, 4) if WORLD % t == 0 and t < WORLD]
+
+# ----------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_float64_matches_one_process(sp, dropout):
+    rel, model, _, _, worst = run_tp(sp=sp, dropout=dropout)
+    assert rel <= 1e-10, (f"tp={WORLD}, sequence parallel {sp}, dropout {dropout}: max_rel_diff "
+                          f"{rel:.2e} > 1e-10 (worst on this rank: {worst})")
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_float32_within_the_harness_tolerance(sp):
+    rel, _, _, _, worst = run_tp(sp=sp, dtype="float32")
+    tol = harness.TOLERANCE["float32"]
+    assert rel <= tol, f"float32, sequence parallel {sp}: max_rel_diff {rel:.2e} > {tol} ({worst})"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_tp_times_dp_matches_one_process(tp, sp):
+    """tp x dp = world through the ProcessGrid (tp fastest), with dropout."""
+    if tp not in dp_sizes():
+        pytest.skip(f"tp={tp} does not leave a data-parallel factor of {WORLD} ranks")
+    rel, model, grid, sent, worst = run_tp(tp=tp, sp=sp, dropout=0.1)
+    assert rel <= 1e-10, f"tp={tp} x dp={grid.dp}, sp {sp}: max_rel_diff {rel:.2e} > 1e-10 ({worst})"
+    want = step_bytes(model, BATCH // grid.dp, grid)
+    got = {n: (sent[n]["calls"] // STEPS, sent.bytes_sent(n) // STEPS) for n in want}
+    assert got == want, f"tp={tp} x dp={grid.dp}: measured (calls, bytes) per step {got}, formula {want}"
+
+
+def test_replicated_parameters_stay_identical_across_the_group():
+    _, model, grid, _, _ = run_tp(sp=True, dropout=0.1)
+    for name in model.replicated_names():
+        p = dict(model.named_parameters())[name]
+        crc = np.array([zlib.crc32(np.ascontiguousarray(p.data).tobytes())], np.int64)
+        every = np.empty(grid.tp, np.int64)
+        grid.tp_comm.Allgather(crc, every)
+        assert len(set(every.tolist())) == 1, f"{name} differs across the tensor-parallel group"
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def step_bytes(model, rows, grid=None):
+    """Formula: {collective: (calls, bytes)} per step, TP group plus the dp average."""
+    want = {n: list(v) for n, v in expected_bytes(model, rows, T).items()}
+    if grid is not None and grid.dp > 1:              # NaiveDataParallel: one ring per parameter
+        params = model.parameters()
+        want.setdefault("all_reduce", [0, 0])
+        want["all_reduce"][0] += len(params)
+        want["all_reduce"][1] += sum(ring_all_reduce_sent(p.size, grid.dp, grid.dp_rank) * p.data.itemsize
+                                     for p in params)
+    return {n: tuple(v) for n, v in want.items()}
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_bytes_per_rank_equal_the_formula(sp):
+    _, model, _, sent, _ = run_tp(sp=sp)
+    want = step_bytes(model, BATCH)
+    got = {n: (sent[n]["calls"] // STEPS, sent.bytes_sent(n) // STEPS) for n in want}
+    assert got == want, f"sequence parallel {sp}: measured (calls, bytes) per step {got}, formula {want}"
+    assert set(n for n in sent if n != "check") == set(want), f"unexpected collectives: {sorted(sent)}"
+
+
+def test_no_collective_moves_the_logits(monkeypatch):
+    """Every array that enters a collective has b*s*h, b*s or one element (or, under
+    sequence parallelism, the replicated gradients): never the b*s*v logits."""
+    sizes = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda comm, a, *k, **kw: sizes.append(a.size) or real(comm, a, *k, **kw))
+
+    spy(tpm, "_all_reduce")
+    spy(sequence_parallel, "_all_gather")
+    spy(sequence_parallel, "_reduce_scatter")
+    _, model, _, _, _ = run_tp(sp=True)
+    _, _, _, _, _ = run_tp(sp=False)
+    n_rep = sum(p.size for n, p in model.named_parameters() if n not in model.specs)
+    lo, hi = sequence_parallel.sequence_bounds(T, COMM)
+    allowed = {BATCH * T * 48, BATCH * (hi - lo) * 48, BATCH * T, 1, n_rep}
+    assert set(sizes) <= allowed, f"collective sizes {sorted(set(sizes) - allowed)} outside {sorted(allowed)}"
+    assert max(sizes) < BATCH * T * V
+
+# ----------------------------------------------------------------------------- the test can fail
+
+
+def test_a_planted_bug_is_caught(monkeypatch):
+    """g's backward all-reducing too (instead of identity) multiplies gradients by t."""
+    monkeypatch.setattr(tpm.ReduceFromTensorParallel, "backward",
+                        staticmethod(lambda ctx, grad: tpm._all_reduce(ctx.comm, grad)))
+    rel, _, _, _, worst = run_tp()
+    if WORLD > 1:
+        assert rel > 1e-3, f"the planted bug went unnoticed: max_rel_diff {rel:.2e}"
+    else:
+        assert rel <= 1e-10, f"with one rank the all-reduce is the identity, yet {rel:.2e} ({worst})"
+
+
+def test_unsliced_attention_dropout_is_caught(monkeypatch):
+    """Each rank drawing its own heads' masks from the start (rank 0's heads) must fail."""
+    monkeypatch.setattr(tpm.SlicedRNG, "mask", lambda self, shape, p, dtype: self.rng.mask(shape, p, dtype))
+    rel, _, _, _, _ = run_tp(dropout=0.1)
+    if WORLD > 1:
+        assert rel > 1e-3, f"unsliced dropout masks went unnoticed: max_rel_diff {rel:.2e}"
+
+
+def test_heads_that_do_not_divide_are_refused():
+    """Found alike on every rank: each raises, none waits."""
+    if WORLD % 5 == 0:
+        pytest.skip("5 heads divide among this many ranks")
+    cfg = GPTConfig(block_size=T, vocab_size=V, n_layer=1, n_head=5, n_embd=40, dtype="float64")
+    if WORLD == 1:
+        TensorParallelGPT(GPT(cfg, seed=0), COMM)
+        return
+    with pytest.raises(tpm.TPError, match="multiple of the tensor-parallel size"):
+        TensorParallelGPT(GPT(cfg, seed=0), COMM)
