@@ -137,3 +137,6 @@ def test_planted_micro_batch_loss_not_scaled_by_1_over_k_is_caught(dtype, monkey
     first = [k for k in one if k.startswith("grad:") and k.endswith("@step0")]
     rel0 = harness.compare({k: two[k] for k in first}, {k: one[k] for k in first})[0]
     assert abs(rel0 - 1.0) <= 1e-3, f"step 0's gradients should be exactly twice as large: {rel0}"
+    factor, residual = common.gradient_factor(two, one)        # what lesson 02 tells the student
+    assert abs(factor - 2.0) <= 1e-5 and residual <= 1e-5, (factor, residual)
+    assert common.gradient_factor(collect(dtype, 1, clip=1e-3), one) == (1.0, 0.0)

@@ -151,6 +151,11 @@ def main(args):
             + (f"  (largest in {common.where(w)} on rank 0)" if ":" in w else "")
             + ("" if r <= tol else "  OUTSIDE the tolerance"))
     say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
+    factor, residual = common.gradient_factor(state, ref_state)
+    if rel > tol and factor is not None and residual < 1e-3 and abs(factor - 1) > tol:
+        say(f"  on rank 0, step 0's raw gradients are {factor:.6g} x the reference's everywhere (residual "
+            f"{residual:.1e}):\n  a constant factor. Look at how the gradients are averaged (/ N) and how "
+            f"micro-batch losses are scaled (/ k)")
     say(f"  replicas after training: {'identical' if identical else 'DIFFERENT'} on all {world} ranks "
         f"(CRC of the weights {crcs[0] & 0xffffffff:08x}{'' if identical else ' ...'})\n")
 

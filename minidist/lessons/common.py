@@ -7,6 +7,7 @@ difference left is the strategy under test. What they are compared on is the rul
 `COMPARED`: losses, the raw gradients of every step (before clipping and the optimizer)
 and the final weights.
 """
+import math
 import os
 
 import numpy as np
@@ -154,6 +155,25 @@ def compare_by_kind(state, ref_state):
         part = lambda d: {k: d[k] for k in keys if k in d}   # noqa: E731  (missing -> inf in compare)
         out.append((kind, *compare(part(state), part(ref_state))))
     return out
+
+
+def gradient_factor(state, ref_state, step=0):
+    """How far step `step`'s raw gradients are one constant multiple of the reference's.
+
+    Returns (c, residual): c = <g, g_ref> / <g_ref, g_ref> over every gradient of that
+    step (the least-squares factor), residual = |g - c g_ref| / |g_ref|. A residual near
+    0 with c != 1 is the signature of a scaling bug (an average over the wrong count, a
+    missing 1/k); (None, None) when there is nothing to compare.
+    """
+    keys = [k for k in ref_state if k.startswith("grad:") and k.endswith(f"@step{step}") and k in state]
+    ref = [np.asarray(ref_state[k], np.float64).ravel() for k in keys]
+    par = [np.asarray(state[k], np.float64).ravel() for k in keys]
+    rr = sum(float(r @ r) for r in ref)
+    if not keys or rr == 0.0:
+        return None, None
+    c = sum(float(p @ r) for p, r in zip(par, ref)) / rr
+    res = math.sqrt(sum(float((p - c * r) @ (p - c * r)) for p, r in zip(par, ref)) / rr)
+    return c, res
 
 
 def where(key):
