@@ -525,15 +525,13 @@ class TensorParallelSync:
     sync(), after the last backward: under sequence parallelism the replicated
     parameters (layer norms, row-parallel biases, position table) saw only this rank's
     tokens, so their gradients are all-reduced over the TP group (one flat buffer); then
-    the data-parallel `dp` (if any) averages over replicas; then the gradients are kept
-    as `raw_grads` (before clipping, for comparison) and clipped with the global norm.
-    Call train_step with grad_clip=0: its own clipping would count every shard's norm
-    as if it were the whole.
+    the data-parallel `dp` (if any) averages over the replicas. Without sequence
+    parallelism every TP rank already holds the same whole gradient of a replicated
+    parameter (f's all-reduce made the residual stream's gradient whole).
     """
 
-    def __init__(self, model, grad_clip=0.0, dp=None, keep_raw=False):
-        self.model, self.grad_clip, self.dp, self.keep_raw = model, grad_clip, dp, keep_raw
-        self.raw_grads, self.norm = None, None
+    def __init__(self, model, dp=None):
+        self.model, self.dp = model, dp
 
     def backward_context(self, last):
         if self.dp is not None:
@@ -554,10 +552,28 @@ class TensorParallelSync:
                 off += p.size
         if self.dp is not None:
             self.dp.sync()
-        if self.keep_raw:
-            self.raw_grads = {n: p.grad.copy() for n, p in m.named_parameters() if p.grad is not None}
-        if self.grad_clip:
-            self.norm = clip_grad_norm_tp(m.named_parameters(), self.grad_clip, m.comm, m.specs)
+
+
+class ClipThenStep:
+    """An optimizer that first clips the gradients by the global norm of the sharded model.
+
+    train_step's own clipping (grad_clip > 0) would take each rank's shards for the whole
+    model; give it grad_clip=0 and this optimizer instead: its step() runs after
+    train_step has kept the raw gradients, clips with clip_grad_norm_tp, then steps.
+    """
+
+    def __init__(self, optimizer, model, max_norm):
+        self.optimizer, self.model, self.max_norm, self.norm = optimizer, model, max_norm, None
+
+    def __getattr__(self, name):                  # set_lr, zero_grad, state_bytes, ...
+        return getattr(self.optimizer, name)
+
+    def step(self):
+        if self.max_norm:
+            self.norm = clip_grad_norm_tp(self.model.named_parameters(), self.max_norm,
+                                          self.model.comm, self.model.specs)
+        self.optimizer.step()
+
 
 # ----------------------------------------------------------------------------- bytes, by formula
 

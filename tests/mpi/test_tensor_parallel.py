@@ -9,7 +9,6 @@ syncs, before clipping: a constant factor must not slip through) and every weigh
 end, gathered whole, must equal the single-process run's: max_rel_diff <= 1e-10 in
 float64, the harness's tolerance in float32. Bytes each rank sends equal the formula.
 """
-import contextlib
 import functools
 import zlib
 
@@ -22,10 +21,9 @@ from minidist.data import shard_slice
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
-from minidist.optim import clip_grad_norm
 from minidist.parallel import sequence_parallel, tensor_parallel as tpm
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.tensor_parallel import (TensorParallelGPT, TensorParallelSync, expected_bytes,
+from minidist.parallel.tensor_parallel import (ClipThenStep, TensorParallelGPT, TensorParallelSync, expected_bytes,
                                                gather_state, ring_all_reduce_sent)
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
@@ -46,38 +44,28 @@ def batch(step):
     return g.integers(0, V, (BATCH, T)), g.integers(0, V, (BATCH, T))
 
 
-class ClipAndKeep:
-    """The reference's slot in train_step: keep the raw gradients, then clip as usual."""
-
-    def __init__(self, model, clip):
-        self.model, self.clip = model, clip
-
-    def backward_context(self, last):
-        return contextlib.nullcontext()
-
-    def sync(self):
-        self.raw_grads = {n: p.grad.copy() for n, p in self.model.named_parameters()}
-        clip_grad_norm(self.model.parameters(), self.clip)
-
-
-def train(model, sync, rows):
+def train(model, opt, sync, rows, clip):
     """STEPS steps on rows `rows` of each global batch: (losses, [raw grads per step])."""
-    opt = model.configure_optimizers(TC.weight_decay, TC.learning_rate, (TC.beta1, TC.beta2))
     losses, raws = [], []
     for step in range(STEPS):
         x, y = batch(step)
         mb = micro_batches(x[rows], y[rows], step, SEED, 1, first_sample=rows.start or 0)
-        loss, _ = train_step(model, opt, mb, get_lr(step, TC), 0.0, dp=sync)   # sync clips
+        raw = {}
+        loss, _ = train_step(model, opt, mb, get_lr(step, TC), clip, dp=sync, raw_grads=raw)
         losses.append(loss)
-        raws.append(sync.raw_grads)
+        raws.append(raw)
     return losses, raws
+
+
+def adamw(model):
+    return model.configure_optimizers(TC.weight_decay, TC.learning_rate, (TC.beta1, TC.beta2))
 
 
 @functools.lru_cache(maxsize=None)
 def reference(dtype, dropout):
     """{name: array} of the single-process run (every rank computes it; no messages)."""
     model = GPT(config(dtype, dropout), seed=SEED)
-    losses, raws = train(model, ClipAndKeep(model, TC.grad_clip), slice(None))
+    losses, raws = train(model, adamw(model), None, slice(None), TC.grad_clip)
     state = {"loss": np.array(losses)}
     for step, raw in enumerate(raws):
         state.update({f"grad{step}:{n}": g for n, g in raw.items()})
@@ -93,10 +81,12 @@ def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0):
     grid = ProcessGrid(tp=tp)
     model = TensorParallelGPT(GPT(config(dtype, dropout), seed=SEED), grid.tp_comm, sequence_parallel=sp)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
-    sync = TensorParallelSync(model, TC.grad_clip, dp=dp, keep_raw=True)
+    sync = TensorParallelSync(model, dp=dp)
+    opt = ClipThenStep(adamw(model), model, TC.grad_clip)          # clips by the global norm
     rows = shard_slice(BATCH, grid.dp_rank, grid.dp)
     with stats.measure() as sent:
-        losses, raws = train(model, sync, rows)
+        losses, raws = train(model, opt, sync, rows, 0.0)
+    assert opt.norm > TC.grad_clip, f"clipping must really clip: norm {opt.norm:.3g} <= {TC.grad_clip}"
     state = {"loss": mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp}
     for step, raw in enumerate(raws):
         state.update(gather_state(model, raw, prefix=f"grad{step}:"))
@@ -224,3 +214,14 @@ def test_heads_that_do_not_divide_are_refused():
         return
     with pytest.raises(tpm.TPError, match="multiple of the tensor-parallel size"):
         TensorParallelGPT(GPT(cfg, seed=0), COMM)
+
+
+def test_clipping_by_the_shards_norm_is_caught(monkeypatch):
+    """Clipping each rank's shards by their own norm (the plain clip_grad_norm) gives the
+    right raw gradients but wrong weights: the comparison of weights must catch it."""
+    from minidist.optim import clip_grad_norm
+    monkeypatch.setattr(tpm, "clip_grad_norm_tp",
+                        lambda named, max_norm, comm, sharded: clip_grad_norm([p for _, p in named], max_norm))
+    rel, _, _, _, worst = run_tp()
+    if WORLD > 1:
+        assert rel > 1e-6 and worst.startswith("weight:"), f"local clipping went unnoticed: {rel:.2e} ({worst})"
