@@ -605,8 +605,8 @@ def _bounds(n, size):
     return chunk_bounds(n, size)
 
 
-def expected_bytes(model, batch, T, micro_batches=1, clip=True):
-    """{collective: (calls, bytes)} this rank sends in the TP group in one training step.
+def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None):
+    """{collective: (calls, bytes)} this rank sends in one training step.
 
     Per micro-batch of `batch` sequences of T tokens (h = n_embd, L layers):
     - plain TP: all-reduces of b*s*h: 2 per layer forward (g) and 2 backward (f), one for
@@ -614,7 +614,8 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True):
     - sequence parallel: those 4L + 2 all-reduces become as many all-gathers plus as
       many reduce-scatters along the sequence; the loss keeps its 3 all-reduces;
     per step: under SP, one all-reduce of the replicated parameters' gradients; with
-    clipping, one all-reduce of one float64 (the squared norm of the shards).
+    clipping, one all-reduce of one float64 (the squared norm of the shards); with a
+    data-parallel group (NaiveDataParallel), one ring all-reduce per parameter shard.
     """
     cfg, t, r = model.config, model.tp, model.tp_rank
     item = np.dtype(cfg.dtype).itemsize
@@ -636,4 +637,8 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True):
     add("all_reduce", 3 * k, 3 * k * ring_all_reduce_sent(batch * T, t, r))
     if clip:
         add("all_reduce", 1, ring_all_reduce_sent(1, t, r), itemsize=8)
+    if dp_comm is not None and dp_comm.Get_size() > 1:
+        for p in model.parameters():
+            add("all_reduce", 1, ring_all_reduce_sent(p.size, dp_comm.Get_size(), dp_comm.Get_rank()),
+                itemsize=p.data.itemsize)
     return {name: tuple(v) for name, v in out.items() if v[0]}

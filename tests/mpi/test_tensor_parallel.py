@@ -24,7 +24,7 @@ from minidist.model import GPT, GPTConfig
 from minidist.parallel import sequence_parallel, tensor_parallel as tpm
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.tensor_parallel import (ClipThenStep, TensorParallelGPT, TensorParallelSync, expected_bytes,
-                                               gather_state, ring_all_reduce_sent)
+                                               gather_state)
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
 pytestmark = pytest.mark.mpi
@@ -143,14 +143,7 @@ def test_replicated_parameters_stay_identical_across_the_group():
 
 def step_bytes(model, rows, grid=None):
     """Formula: {collective: (calls, bytes)} per step, TP group plus the dp average."""
-    want = {n: list(v) for n, v in expected_bytes(model, rows, T).items()}
-    if grid is not None and grid.dp > 1:              # NaiveDataParallel: one ring per parameter
-        params = model.parameters()
-        want.setdefault("all_reduce", [0, 0])
-        want["all_reduce"][0] += len(params)
-        want["all_reduce"][1] += sum(ring_all_reduce_sent(p.size, grid.dp, grid.dp_rank) * p.data.itemsize
-                                     for p in params)
-    return {n: tuple(v) for n, v in want.items()}
+    return expected_bytes(model, rows, T, dp_comm=None if grid is None else grid.dp_comm)
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])

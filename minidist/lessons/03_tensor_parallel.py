@@ -1,0 +1,214 @@
+"""Lesson 03: tensor parallelism. Every weight matrix of the GPT is cut across the ranks of
+a tensor-parallel group (Megatron-LM); the run must equal one process training the whole model.
+
+    mpirun -n 8 python -m minidist.lessons.03_tensor_parallel
+    mpirun -n 4 python -m minidist.lessons.03_tensor_parallel --sequence-parallel
+    mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --tp 4 --dropout 0.1
+    mpirun -n 2 python -m minidist.lessons.03_tensor_parallel --dtype float32 --json out.json
+
+Every rank builds the same single-process GPT from the seed and keeps its shards
+(minidist/parallel/tensor_parallel.py); with --tp smaller than the world, the other
+factor is data parallelism (ProcessGrid, tp fastest). It trains a few AdamW steps with
+clipping, gathers the shards back under the single-process names, and compares the
+losses, the raw gradients of every step and the weights with one process; then it
+prints the bytes each rank sent beside the formula and the memory each rank holds.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import ProcessGrid, stats
+from minidist.data import shard_slice
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT
+from minidist.parallel.data_parallel import NaiveDataParallel
+from minidist.parallel.tensor_parallel import (ClipThenStep, TensorParallelGPT, TensorParallelSync,
+                                               expected_bytes, gather, padded_vocab, vocab_range)
+from minidist.tensor import MEMORY
+from minidist.train import TrainConfig
+
+
+def check_input(args, cfg, world):
+    """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
+    tp = args.tp or world
+    harness.need(tp <= world and world % tp == 0,
+                 f"--tp {tp} must divide the {world} ranks of the world (the rest is data parallelism)")
+    harness.need(cfg.n_head % tp == 0,
+                 f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: each rank takes "
+                 f"whole heads; choose --n-head a multiple of {tp} (or --tp dividing {cfg.n_head})")
+    try:
+        rows = shard_slice(args.batch_size, 0, world // tp)
+    except ValueError as e:
+        raise harness.InputError(f"--batch-size {args.batch_size} over {world // tp} data-parallel groups: {e}")
+    harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    return tp, rows.stop - rows.start
+
+
+def layer_picture(model, cfg):
+    """Which rank holds which columns, rows, heads and vocabulary (layer 0)."""
+    t, C = model.tp, cfg.n_embd
+    hs, nh = C // cfg.n_head, cfg.n_head // t
+    rows = []
+    for r in range(t):
+        lo, hi = vocab_range(cfg.vocab_size, t, r)
+        rows.append([f"rank {r}", f"head {r}" if nh == 1 else f"heads {r * nh}-{(r + 1) * nh - 1}",
+                     f"q,k,v cols {r * nh * hs}:{(r + 1) * nh * hs}", f"rows {r * nh * hs}:{(r + 1) * nh * hs}",
+                     f"cols {r * 4 * C // t}:{(r + 1) * 4 * C // t}", f"rows {r * 4 * C // t}:{(r + 1) * 4 * C // t}",
+                     f"ids {lo}:{min(hi, cfg.vocab_size)}" + (f" +{hi - max(lo, cfg.vocab_size)} pad"
+                                                             if hi > cfg.vocab_size else "")])
+    harness.table(rows, header=["tp rank", "attention", "c_attn (col)", "attn.c_proj (row)",
+                                "mlp.c_fc (col)", "mlp.c_proj (row)", "wte / head"])
+    say("  replicated on every rank: ln_1, ln_2, ln_f, wpe, and the c_proj biases (added once, after the sum)")
+
+
+def collectives_table(model, cfg, b, sp, clip):
+    """The collectives of one micro-batch (and one step) in words, with elements per call."""
+    T, C, L, t = cfg.block_size, cfg.n_embd, cfg.n_layer, model.tp
+    bsh = f"b*s*h = {b}*{T}*{C} = {b * T * C:,}"
+    enter, leave = ("all-gather", "reduce-scatter") if sp else ("f: all-reduce in backward", "g: all-reduce")
+    rows = [["each layer, attention", f"{leave} forward, {enter} " + ("forward" if sp else ""), bsh],
+            ["each layer, MLP", "the same pair", bsh],
+            ["token embedding", f"{'reduce-scatter' if sp else 'all-reduce'} forward "
+                                f"({'all-gather' if sp else 'nothing'} backward)", bsh],
+            ["head (tied wte)", f"{'all-gather' if sp else 'nothing'} forward, "
+                                f"{'reduce-scatter' if sp else 'all-reduce'} backward", bsh],
+            ["vocab-parallel loss", "all-reduce of the max, the target logit, the sum of exp", f"b*s = {b * T:,} each"]]
+    if sp:
+        rows.append(["replicated gradients", "one all-reduce per step (layer norms, biases, wpe)",
+                     f"{sum(p.size for n, p in model.named_parameters() if n not in model.specs):,}"])
+    if clip:
+        rows.append(["gradient clipping", "one all-reduce per step of the shards' squared norm", "1 (float64)"])
+    harness.table(rows, header=["where", "what", "elements per call"])
+    per_layer = "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else \
+        "2 all-reduces forward + 2 backward"
+    say(f"  per transformer layer: {per_layer}: 8 b*s*h (t-1)/t = "
+        f"{8 * b * T * C * (t - 1) // t:,} elements sent per rank (REFERENCE.md); {L} layers")
+
+
+def gather_all(model, state):
+    """Whole arrays under the single-process names (every TP rank, same order)."""
+    out = {}
+    for key in sorted(state):
+        name = key.split(":", 1)[1].split("@step")[0]
+        out[key] = gather(model.comm, state[key], model.specs.get(name))
+    return out
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    world = comm.Get_size()
+    cfg = common.config_from_args(args, world)
+    tp, per_dp = check_input(args, cfg, world)
+    data = common.load_dataset(args, comm)
+    grid = ProcessGrid(tp=tp)
+    sp = args.sequence_parallel
+    say(f"Lesson 03: tensor parallelism, tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
+        + f" on {world} ranks" + (", sequence parallel" if sp else "") + "\n")
+    say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
+        f"vocab={cfg.vocab_size}" + (f" (padded to {padded_vocab(cfg.vocab_size, tp)})"
+                                     if padded_vocab(cfg.vocab_size, tp) != cfg.vocab_size else "")
+        + f" dropout={cfg.dropout} {cfg.dtype}")
+    say(f"batch   global {args.batch_size} sequences" + (f" = {grid.dp} replicas x {per_dp}" if grid.dp > 1 else ""))
+    say(f"steps   {args.steps} AdamW steps, " + (f"clipping at global norm {args.grad_clip}" if args.grad_clip
+                                                  else "no clipping") + "\n")
+
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    no_clip = TrainConfig(**{**vars(tc), "grad_clip": 0.0})      # ClipThenStep clips instead
+
+    # --- the tensor-parallel run: every rank builds the whole GPT, keeps its shards
+    model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=sp)
+    say("who holds what (every layer alike)")
+    layer_picture(model, cfg)
+    dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
+    opt = ClipThenStep(model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2)),
+                       model, args.grad_clip)
+    rows = shard_slice(args.batch_size, grid.dp_rank, grid.dp)
+    MEMORY.reset_peak()
+    with stats.measure() as m:
+        losses, state, times = common.train_and_collect(model, opt, data, args, no_clip, rows, 1,
+                                                        TensorParallelSync(model, dp))
+    act_peak = MEMORY.peak_bytes
+    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
+    state = gather_all(model, state)
+
+    # --- the reference: one process, the whole model and batch
+    ref = GPT(cfg, seed=args.seed)
+    ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
+    state["loss"], ref_state["loss"] = np.array(losses), np.array(ref_losses)
+    rel, abs_diff, _ = harness.compare(state, ref_state)
+    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    tol = harness.TOLERANCE[cfg.dtype]
+    match = bool(rel <= tol)
+
+    say(f"\nwhat was compared, one process against tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
+        + " (shards gathered back to whole tensors, padding removed):")
+    for line in common.COMPARED:
+        say(f"  - {line}")
+    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
+                  header=["step", "loss 1 process", f"loss {world} ranks"])
+    for kind, r, _, w in common.compare_by_kind(state, ref_state):
+        r = common.mpi_reduce(comm, r)
+        say(f"  {kind:<13} max_rel_diff {r:.1e}" + (f"  (largest in {common.where(w)})" if ":" in w else "")
+            + ("" if r <= tol else "  OUTSIDE the tolerance"))
+
+    # --- communication: measured beside the formula, per rank per step (the largest over ranks)
+    say(f"\ncollectives of one micro-batch of b={per_dp} sequences (s={cfg.block_size}, h={cfg.n_embd}, t={tp})")
+    collectives_table(model, cfg, per_dp, sp, bool(args.grad_clip))
+    want = expected_bytes(model, per_dp, cfg.block_size, clip=bool(args.grad_clip), dp_comm=grid.dp_comm)
+    names = sorted(want)
+    got = {n: int(common.mpi_reduce(comm, m.bytes_sent(n) // args.steps)) for n in names}
+    exp = {n: int(common.mpi_reduce(comm, want[n][1])) for n in names}
+    calls = {n: int(common.mpi_reduce(comm, m.get(n, {}).get("calls", 0) // args.steps)) for n in names}
+    say("\nbytes sent per rank per step" + (" (all-reduces include the data-parallel average)" if grid.dp > 1 else ""))
+    harness.table([[n, calls[n], want[n][0], f"{got[n]:,}", f"{exp[n]:,}", "equal" if got[n] == exp[n] else "DIFFERENT"]
+                   for n in names], header=["collective", "calls", "by formula", "bytes measured", "by formula", ""])
+    bytes_ok = all(got[n] == exp[n] for n in names)
+    logits = per_dp * cfg.block_size * padded_vocab(cfg.vocab_size, tp) * np.dtype(cfg.dtype).itemsize
+    say(f"  never the logits: one all-reduce of the b*s*v logits would send {fmt_bytes(2 * logits * (tp - 1) // tp)} alone")
+
+    # --- memory per rank
+    item = np.dtype(cfg.dtype).itemsize
+    sharded = sum(int(np.prod(s)) for n, s in model.full_shapes.items() if n in model.specs)
+    sharded += (padded_vocab(cfg.vocab_size, tp) - cfg.vocab_size) * cfg.n_embd
+    replicated = sum(int(np.prod(s)) for n, s in model.full_shapes.items() if n not in model.specs)
+    params = sum(p.data.nbytes for p in model.parameters())
+    weights_formula = (sharded // tp + replicated) * item
+    say("\nmemory per rank")
+    harness.table([["weights", fmt_bytes(params), f"{fmt_bytes(weights_formula)} = 1/{tp} of {sharded:,} sharded "
+                    f"+ {replicated:,} replicated values"],
+                   ["activations (peak saved)", fmt_bytes(common.mpi_reduce(comm, act_peak)),
+                    "arrays saved for backward; --sequence-parallel cuts the replicated part by t"]],
+                  header=["", "measured", "formula"])
+
+    step_time = common.mpi_reduce(comm, float(np.median(times)))
+    say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
+    mem = {"params": int(common.mpi_reduce(comm, params)),
+           "grads": int(common.mpi_reduce(comm, sum(p.grad.nbytes for p in model.parameters() if p.grad is not None))),
+           "optimizer": int(common.mpi_reduce(comm, opt.state_bytes())),
+           "activations_peak": int(common.mpi_reduce(comm, act_peak))}
+    report = harness.new_report(
+        "03_tensor_parallel", args, parallel={"tp": tp, "dp": grid.dp, "pp": 1, "sequence_parallel": bool(sp)},
+        match=bool(match and bytes_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
+        losses={"reference": ref_losses, "parallel": losses},
+        comm={"bytes_sent": got, "expected_bytes": exp}, memory=mem, step_time_s=step_time)
+    if not bytes_ok:
+        say("\nthe bytes measured differ from the formula: a collective too many, or one of the wrong size")
+    return harness.finish(report, args)
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
+    common.add_model_flags(p, n_layer=2, n_head=8, n_embd=64, block_size=32, batch_size=8)
+    p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="layer norms and dropout on a slice of the sequence (Korthikanti et al. 2022)")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5,
+                   help="clip the global gradient norm (0: off)")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
