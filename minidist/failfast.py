@@ -1,44 +1,60 @@
-"""One rank's crash ends the whole MPI job, with that rank's traceback shown once.
+"""No rank is ever left waiting: a crash, an exit or an error on one rank ends the whole job.
 
-Why: in MPI an uncaught exception on one rank ends that process only; the other ranks
-sit in their next receive forever (the job hangs until someone kills it). `import
-minidist` installs hooks for uncaught exceptions, in the main thread (sys.excepthook)
-and in other threads (threading.excepthook), that
+Why: in MPI a process that stops ends itself only. The other ranks sit in their next
+receive forever, and the job hangs until someone kills it, with nothing on the screen.
+`import minidist` installs two guards (nothing here imports mpi4py: the guards look in
+sys.modules, and a program that never started MPI has no job to end).
 
-  1. print "[rank r] uncaught exception" and the traceback to stderr, flushed, once;
-  2. call MPI_Abort on COMM_WORLD when the job has more than one rank, which makes
-     mpirun end every rank within a second or two with a non-zero exit code.
+1. Uncaught exceptions, in the main thread (sys.excepthook) or any other
+   (threading.excepthook): print "[rank r] uncaught exception" and the traceback once,
+   flushed, then MPI_Abort, which makes mpirun end every rank within a second or two.
 
-Installing is cheap: nothing here imports mpi4py. The hook looks in sys.modules; a
-program that never imported mpi4py.MPI has no job to abort.
+2. Every exit, whatever its path: the end of the script, `sys.exit(0)`, `sys.exit(3)`,
+   the builtin `exit(3)`, `raise SystemExit(3)`, an error that every rank raised alike.
+   At exit (atexit, before mpi4py finalizes MPI) each rank tells every other one "I am
+   ending" (one small message each, tag EXIT_TAG on COMM_WORLD) and waits for the same
+   from all of them, at most EXIT_TIMEOUT seconds (MINIDIST_EXIT_TIMEOUT, default 10).
+   All arrive: the job ends normally, each rank with its own exit code. Some do not
+   arrive: they are still busy, most likely waiting in a collective for this rank. This
+   rank prints why it is ending and who is missing, and aborts the job. The wait sleeps
+   between polls, so ranks that end a few seconds apart (rank 0 printing a long report)
+   cost nothing; ranks meant to end minutes apart need a larger MINIDIST_EXIT_TIMEOUT.
 
-An `AgreedError` is different: every rank raised it alike, after agreeing (a shape
-mismatch found by a collective's check, a grid that does not fit the world). Nobody is
-left waiting, so the hook prints it on rank 0 only and lets every rank exit normally.
-Errors of bad input that a lesson reports in one line and exit 2 are the lesson
-harness's business (minidist.lessons.harness.InputError) and never reach these hooks.
+An `AgreedError` (a shape mismatch found by a collective's check, a grid that does not
+fit the world) is raised on every rank alike, after agreeing. One copy of its message is
+enough, so the hook prints nothing at once; at exit the lowest rank that raised it prints
+it. The type is a claim, not a proof: if the other ranks do not reach their end in time
+(`ProcessGrid(tp=3 if rank == 0 else 1)` raises on rank 0 only), the exit agreement
+above prints the error with the missing ranks and aborts. `agreed_exit(code)` is
+`sys.exit(code)` for exits that every rank reaches alike (bad input that every rank
+found, a verdict that every rank shares); it is verified the same way.
 
-`sys.exit(code)` on one rank alone hangs a job too: the exiting rank waits in
-MPI_Finalize for ranks that wait for it. So `install()` also records the code of every
-sys.exit() and, at exit, aborts the job when the code is non-zero, the job has several
-ranks and the exit was not declared agreed (`agreed_exit(code)`: bad input that every
-rank found, a verdict that every rank shares). Python's atexit hooks run before mpi4py
-finalizes MPI, so the abort still reaches the other ranks.
+Reports go to `report_stream()`: sys.stderr, unless a test harness that captures
+stderr points it elsewhere (tests/mpi/conftest.py does: pytest's capture would swallow
+a report printed just before MPI_Abort).
 """
+import array
 import atexit
+import builtins
+import os
 import sys
 import threading
 import time
 import traceback
 
 ABORT_DELAY_S = 1.0
+EXIT_TIMEOUT = float(os.environ.get("MINIDIST_EXIT_TIMEOUT", "10"))
+EXIT_TAG = 32701                  # the collectives keep tags up to 30999; users below 20000
+
 _installed = False
-_exit = {"code": None, "agreed": False}   # the last sys.exit() of this process
+_exit = {"how": None, "code": 1}  # how the main thread last asked to exit, in words
+_agreed_error = {"text": None}    # an AgreedError waiting to be printed at exit
 _reported = threading.Lock()      # taken by the first failure; later ones stay quiet
+_stream = {"file": None}
 
 
 class AgreedError(ValueError):
-    """An error raised on every rank alike, so no rank is left waiting."""
+    """An error raised on every rank alike, so no rank is left waiting (verified at exit)."""
 
 
 def _mpi_world():
@@ -50,6 +66,25 @@ def _mpi_world():
     return w.Get_rank(), w.Get_size(), w
 
 
+def report_stream():
+    """Where failure reports go: sys.stderr unless report_to() chose another file."""
+    return _stream["file"] or sys.stderr
+
+
+def report_to(file):
+    """Send failure reports (and the watchdog's stacks) to `file` instead of sys.stderr."""
+    _stream["file"] = file
+
+
+def say(text):
+    """Write `text` to the report stream at once, every line prefixed with this rank."""
+    rank, size, _ = _mpi_world()
+    prefix = f"[rank {rank}] " if size > 1 else ""
+    out = report_stream()
+    out.write("".join(prefix + line + "\n" for line in text.rstrip().split("\n")))
+    out.flush()
+
+
 def report_and_abort(text, code=1):
     """Print `text` (a traceback, a failed test's report) once, then end the whole job.
 
@@ -58,28 +93,32 @@ def report_and_abort(text, code=1):
     rank, size, world = _mpi_world()
     if _reported.acquire(blocking=False):
         sys.stdout.flush()
+        out = report_stream()
         prefix = f"[rank {rank}] " if size > 1 else ""
-        sys.stderr.write(f"{prefix}{text.rstrip()}\n")
+        out.write(f"{prefix}{text.rstrip()}\n")
         if size > 1:
-            sys.stderr.write(f"[rank {rank}] aborting all {size} ranks (minidist fail-fast)\n")
-        sys.stderr.flush()
+            out.write(f"[rank {rank}] aborting all {size} ranks (minidist fail-fast)\n")
+        out.flush()
     if world is not None and size > 1:
         # mpirun forwards each rank's stderr asynchronously; Abort kills the forwarding
         # too, and under load the message was lost (seen here). A second lets it out.
         time.sleep(ABORT_DELAY_S)
-        world.Abort(code)
+        world.Abort(code if isinstance(code, int) and 0 < code < 256 else 1)
 
+
+# ----------------------------------------------------------------------------- uncaught exceptions
 
 def _handle(exc_type, exc, tb, where):
-    rank, size, _ = _mpi_world()
     if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
         return False
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     if isinstance(exc, AgreedError) and where == "main":
-        # every rank has the same error: one copy of it is enough, and no one hangs
-        if rank == 0 and _reported.acquire(blocking=False):
-            sys.stderr.write(text)
-            sys.stderr.flush()
+        _, size, _ = _mpi_world()
+        if size == 1:
+            report_stream().write(text)
+            report_stream().flush()
+        else:
+            _agreed_error["text"] = text      # printed at exit, by one rank only
         return True
     report_and_abort(f"uncaught exception{where != 'main' and ' in a thread' or ''}:\n{text}")
     return True
@@ -96,24 +135,92 @@ def _thread_excepthook(args):
         _previous_thread_excepthook(args)
 
 
+# ----------------------------------------------------------------------------- exits
+
+def _note_exit(how, code):
+    """Remember how the main thread asked to exit (for the message and the abort's code,
+    if the exit agreement fails). A SystemExit that someone catches leaves a stale note:
+    it only changes words."""
+    if threading.current_thread() is threading.main_thread():
+        _exit["how"] = how
+        _exit["code"] = code if isinstance(code, int) and 0 < code < 256 else 1
+
+
 def _recording_exit(code=None):
-    """sys.exit, remembering the code for the check at exit."""
-    _exit["code"] = code
+    """sys.exit, remembering the code for the message at exit."""
+    _note_exit(f"sys.exit({code!r})", code)
     raise SystemExit(code)
 
 
 def agreed_exit(code):
     """Exit with `code`, which every rank reaches alike: no rank is left waiting."""
-    _exit["agreed"] = True
-    sys.exit(code)
+    _note_exit(f"agreed_exit({code!r})", code)
+    raise SystemExit(code)
 
 
-def _check_exit():
-    code = _exit["code"]
-    if code in (None, 0) or _exit["agreed"]:
+def _recording_quitter(quitter):
+    """The builtin exit()/quit(), remembering the code like sys.exit."""
+    class RecordingQuitter(type(quitter)):
+        def __call__(self, code=None):
+            _note_exit(f"{self.name}({code!r})", code)
+            super().__call__(code)
+    return RecordingQuitter(quitter.name, quitter.eof)
+
+
+def _exchange(world, mine, timeout):
+    """Tell every rank this one is ending (with `mine`: 1 = an agreed error to print) and
+    hear the same from all, waiting at most `timeout` s. Returns ({rank: theirs}, missing)."""
+    MPI = sys.modules["mpi4py.MPI"]
+    rank, size = world.Get_rank(), world.Get_size()
+    peers = [p for p in range(size) if p != rank]
+    out = array.array("q", [mine])
+    got = {p: array.array("q", [0]) for p in peers}
+    recvs = {p: world.Irecv([got[p], MPI.INT64_T], p, EXIT_TAG) for p in peers}
+    sends = [world.Isend([out, MPI.INT64_T], p, EXIT_TAG) for p in peers]
+    deadline, pause = time.monotonic() + timeout, 0.0005
+    pending = set(peers)
+    while True:
+        pending = {p for p in pending if not recvs[p].Test()}
+        if not pending and MPI.Request.Testall(sends):
+            return {p: got[p][0] for p in peers}, []
+        if time.monotonic() > deadline:
+            return None, sorted(pending)
+        time.sleep(pause)               # sleep, do not spin: ranks share cores
+        pause = min(2 * pause, 0.05)
+
+
+def _ranks(rs):
+    return ", ".join(str(r) for r in rs)
+
+
+def _at_exit():
+    """The exit agreement (see the module's docstring)."""
+    rank, size, world = _mpi_world()
+    error = _agreed_error["text"]
+    if world is None or size == 1:
         return
-    report_and_abort(f"sys.exit({code!r}) on this rank; the other ranks might wait for it forever",
-                     code if isinstance(code, int) else 1)
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):     # stdout closed or gone: nothing to flush
+        pass
+    theirs, missing = _exchange(world, 1 if error else 0, EXIT_TIMEOUT)
+    if missing:
+        how = _exit["how"] or "its program returned or raised SystemExit"
+        what = (f"raised an error meant to be raised by every rank alike:\n{error.rstrip()}\n"
+                f"but rank(s) {_ranks(missing)} did not raise it") if error else \
+               f"is ending ({how}), but rank(s) {_ranks(missing)} did not end"
+        report_and_abort(f"this rank {what} within {EXIT_TIMEOUT:g} s: they are probably waiting "
+                         f"for this rank in a collective it skipped (MINIDIST_EXIT_TIMEOUT sets the wait)",
+                         _exit["code"])
+        return
+    raised = sorted([rank] * bool(error) + [p for p, v in theirs.items() if v])
+    if error and rank == raised[0]:     # one copy of the message, from the lowest rank
+        if len(raised) == size:
+            report_stream().write(error)
+        else:
+            say(f"{error.rstrip()}\n(raised on rank(s) {_ranks(raised)} of {size}; "
+                "the others ended without it)")
+        report_stream().flush()
 
 
 _previous_excepthook = sys.excepthook
@@ -130,5 +237,8 @@ def install():
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
     sys.exit = _recording_exit
-    atexit.register(_check_exit)
+    for name in ("exit", "quit"):
+        if hasattr(builtins, name) and hasattr(getattr(builtins, name), "eof"):
+            setattr(builtins, name, _recording_quitter(getattr(builtins, name)))
+    atexit.register(_at_exit)
     _installed = True

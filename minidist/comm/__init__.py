@@ -10,10 +10,12 @@ Files, in reading order:
     p2p.py          send / recv for pipelines, all_to_all for experts
     nonblocking.py  ring_all_reduce_start: the ring in the background, for overlap
     grid.py         ProcessGrid: tp x pp x dp sub-communicators
+    watchdog.py     a wait longer than MINIDIST_TIMEOUT prints every rank's stack, ends the job
 
-This layer moves NumPy arrays; it never imports the autograd engine.
+This layer moves NumPy arrays; it never imports the autograd engine. Importing it in a
+job of several ranks starts the watchdog's thread (it wakes twice a second).
 """
-from minidist.comm import stats
+from minidist.comm import stats, watchdog
 from minidist.comm.basic import broadcast, naive_all_reduce, recursive_doubling_all_reduce, reduce
 from minidist.comm.checks import MismatchError, agree
 from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce, ring_all_gather,
@@ -21,6 +23,8 @@ from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce,
 from minidist.comm.grid import GridError, ProcessGrid
 from minidist.comm.nonblocking import RingAllReduce, ring_all_reduce_start
 from minidist.comm.p2p import all_to_all, recv, send
+
+watchdog.start()
 
 __all__ = ["stats", "agree", "MismatchError", "GridError", "ProcessGrid", "all_reduce",
            "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "naive_all_reduce",

@@ -16,7 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, shape_of
+from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, refuse, shape_of
+from minidist.comm.watchdog import waiting
 
 TAG_BROADCAST, TAG_REDUCE, TAG_DOUBLING = 30011, 30012, 30013
 
@@ -24,7 +25,7 @@ TAG_BROADCAST, TAG_REDUCE, TAG_DOUBLING = 30011, 30012, 30013
 def broadcast(comm, x, root=0, check=True):
     """Every rank gets a copy of root's x. Non-roots may pass x=None (shape from the check)."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    with stats.counting("broadcast"):
+    with stats.counting("broadcast"), waiting("broadcast"):
         x = None if x is None else np.asarray(x)
         if check:
             table = exchange(comm, x, "broadcast", root=root,
@@ -33,6 +34,7 @@ def broadcast(comm, x, root=0, check=True):
         elif x is None:
             raise ValueError("broadcast: a non-root rank that passes x=None needs check=True")
         else:
+            refuse(comm, x, "broadcast", root=root)
             shape, dtype = x.shape, x.dtype
         if rank == root:
             out = np.array(x, copy=True, order="C")
@@ -51,9 +53,11 @@ def reduce(comm, x, root=0, op="sum", check=True):
     """The root gets the reduction of x over all ranks (summed in rank order); others get None."""
     size, rank = comm.Get_size(), comm.Get_rank()
     x = np.asarray(x)
-    with stats.counting("reduce"):
+    with stats.counting("reduce"), waiting("reduce"):
         if check:
             exchange(comm, x, "reduce", op=op, root=root)
+        else:
+            refuse(comm, x, "reduce", op=op, root=root)
         src = np.asarray(x, order="C")
         if rank != root:
             comm.Send(src, root, TAG_REDUCE)                  # hand my array to the root
@@ -75,9 +79,11 @@ def reduce(comm, x, root=0, op="sum", check=True):
 def naive_all_reduce(comm, x, op="sum", check=True):
     """Reduce to rank 0, then broadcast from rank 0: simple, and rank 0's link does all the work."""
     x = np.asarray(x)
-    with stats.counting("all_reduce"):
+    with stats.counting("all_reduce"), waiting("naive_all_reduce"):
         if check:
             exchange(comm, x, "naive_all_reduce", op=op)
+        else:
+            refuse(comm, x, "naive_all_reduce", op=op)
         total = reduce(comm, x, root=0, op=op, check=False)
         if total is None:
             total = np.empty_like(np.asarray(x, order="C"))    # a buffer for the broadcast
@@ -93,9 +99,11 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
     Partners add the same two arrays, so every rank ends with identical bits.
     """
     x = np.asarray(x)
-    with stats.counting("all_reduce"):
+    with stats.counting("all_reduce"), waiting("recursive_doubling_all_reduce"):
         if check:
             exchange(comm, x, "recursive_doubling_all_reduce", op=op)
+        else:
+            refuse(comm, x, "recursive_doubling_all_reduce", op=op)
         size, rank = comm.Get_size(), comm.Get_rank()
         combine = reduce_ufunc(op)
         acc = np.array(x, copy=True, order="C").reshape(-1)

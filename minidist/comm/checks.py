@@ -1,24 +1,43 @@
-"""Agreement before data: every rank learns every rank's shape, dtype, op and root.
+"""Agreement before data: every rank learns every rank's collective, shape, dtype, op and root.
 
 A ring whose ranks disagree on the length sends chunks of different sizes and either
-hangs or returns garbage. So before moving data each collective makes one small
-all-gather of a fixed-size descriptor (16 int64: 128 bytes per rank) and compares; a
-mismatch raises the same `MismatchError` on every rank, naming the ranks that differ.
-This control message uses MPI's own Allgather and is counted under "check" in
-minidist.comm.stats, apart from the data. Pass `check=False` to a collective to skip it
-(the benchmark does, to time the algorithm alone).
+hangs or returns garbage; ranks that call different collectives (a ring on one rank, the
+naive all-reduce on another) wait for messages that never come. So before moving data
+each collective makes one small all-gather of a fixed-size descriptor (16 int64: 128
+bytes per rank: which collective, the array's shape and dtype, op, root, axis) and
+compares; a mismatch raises the same `MismatchError` on every rank, naming the ranks
+that differ. This control message uses MPI's own Allgather and is counted under "check"
+in minidist.comm.stats, apart from the data. Pass `check=False` to a collective to skip
+it (the benchmark does, to time the algorithm alone): what a rank can see alone (an
+unknown op, a dtype MPI cannot carry) is still refused, with the same error, by
+`refuse`.
 
 Also here: the reduction ops (sum, avg, max) as in-place NumPy ufuncs, and `agree`.
 """
+import zlib
+
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
+from minidist.comm.watchdog import waiting
 from minidist.failfast import AgreedError
 
-DESC_LEN = 16        # [error, ndim, dtype char, itemsize, op, root, axis, 9 dims...]
-MAX_DIMS = DESC_LEN - 7
+DESC_LEN = 16        # [error, ndim, dtype char, itemsize, op, root, axis, kind, 8 dims]
+MAX_DIMS = DESC_LEN - 8
 OPS = ("sum", "avg", "max")
+# the collectives, by the name their check uses; the descriptor carries a number for it
+KINDS = ("ring_all_reduce", "naive_all_reduce", "recursive_doubling_all_reduce",
+         "mpi_all_reduce", "ring_all_reduce_start", "ring_reduce_scatter", "ring_all_gather",
+         "broadcast", "reduce", "all_to_all", "send")
+
+
+def kind_code(name):
+    """A number for a collective's name, the same on every rank (a checksum of the name)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+_KIND_NAMES = {kind_code(n): n for n in KINDS}
 
 
 class MismatchError(AgreedError):
@@ -31,17 +50,22 @@ def reduce_ufunc(op):
 
 
 def finish_avg(y, size):
-    """avg = sum / size, in place (float arrays only; checked before)."""
-    np.divide(y, size, out=y, casting="unsafe")
+    """avg = sum / size, in place (float and complex arrays only; checked before)."""
+    np.divide(y, size, out=y)
     return y
 
 
 # problems a rank can see in its own input; the code travels in the descriptor so every
 # rank can name the problem of every other rank
-PROBLEMS = ("", "the op must be one of sum, avg, max", "op 'avg' needs a float array",
-            "arrays of Python objects cannot be sent",
+PROBLEMS = ("", "the op must be one of sum, avg, max",
+            "op 'avg' needs a float or complex array (an integer average would be floored)",
+            "MPI cannot carry this dtype (only native-order booleans, integers, floats and "
+            "complex numbers; not strings, records, objects or byte-swapped arrays)",
             "a split along an axis needs an array of at least one dimension",
-            "the axis is out of range", "the root is not a rank of this communicator")
+            "the axis is out of range", "the root is not a rank of this communicator",
+            f"the check describes at most {MAX_DIMS} dimensions: reshape the array first",
+            "op 'max' needs real numbers (complex numbers have no order)",
+            "a reduction needs numbers, not booleans")
 
 
 def local_problem(x, op=None, axis=None, root=None, size=None):
@@ -52,10 +76,16 @@ def local_problem(x, op=None, axis=None, root=None, size=None):
         return 6
     if x is None:
         return 0
-    if op == "avg" and not np.issubdtype(x.dtype, np.floating):
-        return 2
-    if x.dtype.hasobject:
+    if x.dtype.kind not in "biufc" or not x.dtype.isnative:
         return 3
+    if op is not None and x.dtype.kind == "b":
+        return 9
+    if op == "avg" and x.dtype.kind not in "fc":
+        return 2
+    if op == "max" and x.dtype.kind == "c":
+        return 8
+    if x.ndim > MAX_DIMS:
+        return 7
     if axis is not None and x.ndim == 0:
         return 4
     if axis is not None and not -x.ndim <= axis < x.ndim:
@@ -63,19 +93,25 @@ def local_problem(x, op=None, axis=None, root=None, size=None):
     return 0
 
 
-def describe(x, op=None, root=None, axis=None, problem=0):
-    """This rank's descriptor: 16 int64 that say what it passed to the collective."""
+def refuse(comm, x, name, op=None, axis=None, root=None):
+    """Raise this rank's own problem as the check would (for check=False: no message sent)."""
+    problem = local_problem(x, op, axis, root, comm.Get_size())
+    if problem:
+        row = describe(x, op, root, axis, problem, name)
+        raise MismatchError(f"{name}: rank {comm.Get_rank()} passed {_text(row)}: {PROBLEMS[problem]}")
+
+
+def describe(x, op=None, root=None, axis=None, problem=0, name=""):
+    """This rank's descriptor: 16 int64 that say what it passed to which collective."""
     d = np.full(DESC_LEN, -1, dtype=np.int64)
     d[0] = problem
     d[4] = OPS.index(op) if op in OPS else -1
     d[5] = -1 if root is None else root
     d[6] = -1 if axis is None else axis
+    d[7] = kind_code(name)
     if x is not None:
-        shape = list(x.shape)
-        if len(shape) > MAX_DIMS:   # fold the trailing dims: enough to catch a mismatch
-            shape = shape[:MAX_DIMS - 1] + [int(np.prod(shape[MAX_DIMS - 1:]))]
         d[1], d[2], d[3] = x.ndim, ord(x.dtype.char), x.dtype.itemsize
-        d[7:7 + len(shape)] = shape
+        d[8:8 + min(x.ndim, MAX_DIMS)] = x.shape[:MAX_DIMS]   # more: refused (problem 7)
     return d
 
 
@@ -83,16 +119,23 @@ def shape_of(row):
     """The shape a descriptor row describes (None when that rank passed no array)."""
     if row[1] < 0:
         return None
-    return tuple(int(v) for v in row[7:7 + min(int(row[1]), MAX_DIMS)])
+    return tuple(int(v) for v in row[8:8 + min(int(row[1]), MAX_DIMS)])
 
 
 def dtype_of(row):
-    return None if row[1] < 0 else np.dtype(chr(int(row[2])))
+    if row[1] < 0:
+        return None
+    try:
+        return np.dtype(chr(int(row[2])))
+    except TypeError:           # a dtype MPI cannot carry (refused): name it by its letter
+        return chr(int(row[2]))
 
 
 def _text(row):
     """'shape (4,) float32, op sum, axis 0': what a descriptor row says, in words."""
     shape = shape_of(row)
+    if shape is not None and row[1] > MAX_DIMS:
+        shape = f"({', '.join(str(n) for n in shape)}, ...) with {row[1]} dimensions"
     words = ["no array" if shape is None else f"shape {shape} {dtype_of(row)}"]
     for name, value in (("op", _op_name(row[4]) if row[4] >= 0 else None),
                         ("root", row[5] if row[5] >= 0 else None),
@@ -110,17 +153,18 @@ def exchange(comm, x, name, op=None, root=None, axis=None, same_axis=True, none_
     every rank alike. `same_axis=False` lets the length along `axis` differ;
     `none_ok` lists ranks allowed to pass no array (non-roots of a broadcast).
     """
-    mine, table = post(comm, x, op, root, axis)
-    comm.Allgather(mine, table)
+    mine, table = post(comm, x, op, root, axis, name)
+    with waiting(name):
+        comm.Allgather(mine, table)
     return verify(table, name, same_axis, none_ok)
 
 
-def post(comm, x, op=None, root=None, axis=None):
+def post(comm, x, op=None, root=None, axis=None, name=""):
     """(my descriptor, an empty table for everyone's): the buffers of the all-gather."""
     problem = local_problem(x, op, axis, root, comm.Get_size())
     if not problem and axis is not None and x is not None:
         axis %= x.ndim                    # -1 and ndim-1 are the same axis
-    mine = describe(x, op, root, axis, problem)
+    mine = describe(x, op, root, axis, problem, name)
     stats.add_check(sent=mine.nbytes, recv=mine.nbytes * (comm.Get_size() - 1))
     return mine, np.empty((comm.Get_size(), DESC_LEN), dtype=np.int64)
 
@@ -128,6 +172,11 @@ def post(comm, x, op=None, root=None, axis=None):
 def verify(table, name, same_axis=True, none_ok=()):
     """Compare the gathered descriptors; every rank compares the same table, so every
     rank reaches the same verdict."""
+    for r, row in enumerate(table):
+        if row[7] != table[0, 7]:     # a different collective, or another algorithm
+            raise MismatchError(
+                f"ranks called different collectives: rank 0 called {_kind(table[0, 7])}, "
+                f"rank {r} called {_kind(row[7])}")
     for r, row in enumerate(table):
         if row[0]:
             raise MismatchError(f"{name}: rank {r} passed {_text(row)}: {PROBLEMS[row[0]]}")
@@ -140,7 +189,7 @@ def verify(table, name, same_axis=True, none_ok=()):
             raise MismatchError(f"{name}: rank {r} passed no array")
         same = row.copy()
         if not same_axis and row[1] == ref[1] and 0 <= row[6] < row[1]:
-            same[7 + row[6]] = ref[7 + row[6]]     # the length along axis may differ
+            same[8 + row[6]] = ref[8 + row[6]]     # the length along axis may differ
         if not np.array_equal(same[1:], ref[1:]):
             what = ("op" if row[4] != ref[4] else "root" if row[5] != ref[5]
                     else "axis" if row[6] != ref[6] else "input")
@@ -148,6 +197,10 @@ def verify(table, name, same_axis=True, none_ok=()):
                 f"{name}: ranks disagree on the {what}: rank {first} has {_text(ref)}; "
                 f"rank {r} has {_text(row)}")
     return table
+
+
+def _kind(code):
+    return _KIND_NAMES.get(int(code), f"a collective with check code {int(code)}")
 
 
 def _op_name(code):
@@ -162,6 +215,7 @@ def agree(comm, ok):
     """
     flag = np.array([0 if ok else 1], dtype=np.int64)
     total = np.empty_like(flag)
-    comm.Allreduce(flag, total, op=MPI.SUM)
+    with waiting("agree"):
+        comm.Allreduce(flag, total, op=MPI.SUM)
     stats.add_check(sent=flag.nbytes, recv=flag.nbytes)
     return int(total[0]) == 0

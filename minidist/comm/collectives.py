@@ -24,7 +24,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, shape_of
+from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, shape_of
+from minidist.comm.watchdog import waiting
 
 # Tags of the blocking collectives: a range of their own, so a user's send/recv (tags
 # below 20000) or a non-blocking all-reduce in flight (20000-29999) never matches them.
@@ -94,9 +95,11 @@ def _all_gather_phase(comm, out, bounds):
 def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
     """Reduce x over all ranks and keep chunk `rank` of numpy.array_split(result, N, axis)."""
     x = np.asarray(x)
-    with stats.counting("reduce_scatter"):
+    with stats.counting("reduce_scatter"), waiting("ring_reduce_scatter"):
         if check:
             exchange(comm, x, "ring_reduce_scatter", op=op, axis=axis)
+        else:
+            refuse(comm, x, "ring_reduce_scatter", op=op, axis=axis)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
         rows = np.moveaxis(x, axis, 0)               # split along the first axis...
@@ -122,7 +125,7 @@ def ring_all_gather(comm, x, axis=0):
     small message, counted under "check"), so this collective always checks.
     """
     x = np.asarray(x)
-    with stats.counting("all_gather"):
+    with stats.counting("all_gather"), waiting("ring_all_gather"):
         table = exchange(comm, x, "ring_all_gather", axis=axis, same_axis=False)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
@@ -146,9 +149,11 @@ def ring_all_reduce(comm, x, op="sum", check=True):
     place, so besides the result nothing is allocated and nothing is copied.
     """
     x = np.asarray(x)
-    with stats.counting("all_reduce"):
+    with stats.counting("all_reduce"), waiting("ring_all_reduce"):
         if check:
             exchange(comm, x, "ring_all_reduce", op=op)
+        else:
+            refuse(comm, x, "ring_all_reduce", op=op)
         size, rank = comm.Get_size(), comm.Get_rank()
         src = _flat(x)
         out = np.empty_like(src)
@@ -165,9 +170,14 @@ def ring_all_reduce(comm, x, op="sum", check=True):
 
 
 def mpi_all_reduce(comm, x, op="sum"):
-    """MPI's own Allreduce: the baseline the hand-written ones are measured against."""
+    """MPI's own Allreduce: the baseline the hand-written ones are measured against.
+
+    It sends no check of its own (all_reduce(impl="mpi") checks first); what this rank
+    can see alone (an unknown op, an integer avg) is still refused.
+    """
     x = np.asarray(x)
-    with stats.counting("mpi_all_reduce"):
+    refuse(comm, x, "mpi_all_reduce", op=op)
+    with stats.counting("mpi_all_reduce"), waiting("mpi_all_reduce"):
         src = np.asarray(x, order="C")
         out = np.empty_like(src)
         comm.Allreduce(src, out, op=MPI.MAX if op == "max" else MPI.SUM)

@@ -20,6 +20,7 @@ The grid is passed explicitly to whoever needs it; there is no global one.
 """
 from mpi4py import MPI
 
+from minidist.comm.watchdog import waiting
 from minidist.failfast import AgreedError
 
 
@@ -46,9 +47,10 @@ class ProcessGrid:
         self.size, self.rank = size, self.world.Get_rank()
         self.dp_rank, self.pp_rank, self.tp_rank = self.coords(self.rank)
         # Split(color, key): ranks with the same color form one group, ordered by key
-        self.tp_comm = self.world.Split(self.dp_rank * pp + self.pp_rank, self.tp_rank)
-        self.pp_comm = self.world.Split(self.dp_rank * tp + self.tp_rank, self.pp_rank)
-        self.dp_comm = self.world.Split(self.pp_rank * tp + self.tp_rank, self.dp_rank)
+        with waiting("ProcessGrid: Split of the world into tp, pp and dp groups"):
+            self.tp_comm = self.world.Split(self.dp_rank * pp + self.pp_rank, self.tp_rank)
+            self.pp_comm = self.world.Split(self.dp_rank * tp + self.tp_rank, self.pp_rank)
+            self.dp_comm = self.world.Split(self.pp_rank * tp + self.tp_rank, self.dp_rank)
 
     # ----------------------------------------------------------------------- coordinates
 

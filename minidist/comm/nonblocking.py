@@ -28,8 +28,9 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, verify
+from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, refuse, verify
 from minidist.comm.collectives import _flat, chunk_bounds
+from minidist.comm.watchdog import waiting
 
 TAG_BASE, TAG_SPAN = 20000, 10000
 _tags = {}   # one counter per communicator: its ranks start its all-reduces in one order
@@ -57,8 +58,10 @@ class RingAllReduce:
         stats.add("all_reduce", calls=1)
         self._check, self._error = None, None
         if check:                                 # shapes and dtypes: MPI's own Iallgather
-            mine, table = post(comm, x, op)
+            mine, table = post(comm, x, op, name="ring_all_reduce_start")
             self._check = (comm.Iallgather(mine, table), mine, table)
+        else:
+            refuse(comm, x, "ring_all_reduce_start", op=op)
         if self.size == 1:
             self.out[:] = self.src
         if self._check is None or self._finish_check(wait=False):
@@ -131,16 +134,17 @@ class RingAllReduce:
 
     def wait(self):
         """Finish (blocking) and return the reduced array, shaped like x."""
-        if self._check is not None:
-            self._finish_check(wait=True)
-        if self._error is not None:
-            raise self._error
-        while self.step < self.n_steps:
-            if not self.requests:
-                self._post_step()
-            MPI.Request.Waitall(self.requests)
-            self._finish_step()
-        self._complete()
+        with waiting("ring_all_reduce_start(...).wait()"):
+            if self._check is not None:
+                self._finish_check(wait=True)
+            if self._error is not None:
+                raise self._error
+            while self.step < self.n_steps:
+                if not self.requests:
+                    self._post_step()
+                MPI.Request.Waitall(self.requests)
+                self._finish_step()
+            self._complete()
         return self.out.reshape(self.shape)
 
     @property

@@ -14,8 +14,10 @@ receiving from rank-k. Each rank sends (N-1)/N * M (REFERENCE.md).
 import numpy as np
 
 from minidist.comm import stats
-from minidist.comm.checks import DESC_LEN, MAX_DIMS, describe, dtype_of, exchange, shape_of
+from minidist.comm.checks import (DESC_LEN, PROBLEMS, describe, dtype_of, exchange, kind_code,
+                                  local_problem, shape_of)
 from minidist.comm.collectives import TAG_ALL_TO_ALL, chunk_bounds, sendrecv
+from minidist.comm.watchdog import waiting
 
 MAX_USER_TAG = 19999
 
@@ -29,12 +31,14 @@ def send(comm, x, dest, tag=0):
     """Send array x to rank dest (blocking until x may be reused)."""
     _check_tag(tag)
     x = np.asarray(x, order="C")
-    if x.ndim > MAX_DIMS or x.dtype.hasobject:
-        raise ValueError(f"send: cannot describe an array of shape {x.shape} and dtype {x.dtype}")
-    header = describe(x, None, None, None, False)
-    comm.Send(header, dest, tag)                      # first: what is coming
-    stats.add_check(sent=header.nbytes)
-    comm.Send(x, dest, tag)                           # then: the data itself
+    problem = local_problem(x)
+    if problem:
+        raise ValueError(f"send: an array of shape {x.shape} and dtype {x.dtype}: {PROBLEMS[problem]}")
+    header = describe(x, name="send")
+    with waiting(f"send to rank {dest}, tag {tag}"):
+        comm.Send(header, dest, tag)                  # first: what is coming
+        stats.add_check(sent=header.nbytes)
+        comm.Send(x, dest, tag)                       # then: the data itself
     stats.add("send", sent=x.nbytes, messages=1, calls=1)
 
 
@@ -42,10 +46,14 @@ def recv(comm, source, tag=0):
     """Receive the array rank `source` sends with send(comm, x, dest, tag)."""
     _check_tag(tag)
     header = np.empty(DESC_LEN, dtype=np.int64)
-    comm.Recv(header, source, tag)                    # the shape and dtype to expect
-    stats.add_check(recv=header.nbytes, messages=0)
-    out = np.empty(shape_of(header), dtype_of(header))
-    comm.Recv(out, source, tag)
+    with waiting(f"recv from rank {source}, tag {tag}"):
+        comm.Recv(header, source, tag)                # the shape and dtype to expect
+        stats.add_check(recv=header.nbytes, messages=0)
+        if header[7] != kind_code("send"):
+            raise ValueError(f"recv: the message from rank {source} with tag {tag} is not the "
+                             "header of a minidist send (did it use comm.Send directly?)")
+        out = np.empty(shape_of(header), dtype_of(header))
+        comm.Recv(out, source, tag)
     stats.add("recv", recv=out.nbytes, calls=1)
     return out
 
@@ -57,7 +65,7 @@ def all_to_all(comm, x, axis=0):
     other dimensions and the dtype must agree.
     """
     x = np.asarray(x)
-    with stats.counting("all_to_all"):
+    with stats.counting("all_to_all"), waiting("all_to_all"):
         table = exchange(comm, x, "all_to_all", axis=axis, same_axis=False)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
