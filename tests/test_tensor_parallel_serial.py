@@ -3,6 +3,12 @@ vocabulary, the bytes formulas against the ring's schedule, and the one-rank mod
 
     python -m pytest -q tests/test_tensor_parallel_serial.py
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -196,3 +202,32 @@ def test_one_rank_model_equals_the_gpt(sp):
     grads = dict((n, p.grad) for n, p in tp.named_parameters())
     for n, p in ref.named_parameters():
         assert np.allclose(grads[n], p.grad, rtol=0, atol=1e-14 * np.abs(p.grad).max()), n
+
+# ----------------------------------------------------------------------------- lesson 03 from outside
+
+MPIRUN = Path(sys.executable).with_name("mpirun")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def lesson03(n, *flags):
+    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", "minidist.lessons.03_tensor_parallel",
+                           *flags], capture_output=True, text=True, timeout=120, env=ENV)
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@pytest.mark.parametrize("flags", [["--tp", "2"], ["--sequence-parallel", "--dropout", "0.1"]], ids=" ".join)
+def test_lesson_03_matches_and_reports(flags, tmp_path):
+    out = tmp_path / "out.json"
+    proc = lesson03(4, "--n-layer", "1", "--block-size", "8", "--batch-size", "4", *flags, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["match"] is True and rep["max_rel_diff"] <= 1e-10
+    assert rep["comm"]["bytes_sent"] == rep["comm"]["expected_bytes"] and rep["comm"]["bytes_sent"]
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_03_refuses_heads_that_do_not_divide():
+    proc = lesson03(3)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert text.count("--n-head 8 is not divisible by the tensor-parallel size 3") == 1, text
