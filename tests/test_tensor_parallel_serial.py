@@ -149,7 +149,7 @@ def test_bytes_formulas_follow_the_ring(n, size):
         assert ring_reduce_scatter_sent(n, 3, size, r) == 3 * ring_schedule_sent(lengths, r, ("rs",))
         assert ring_all_gather_sent(n, 3, size, r) == 3 * ring_schedule_sent(lengths, r, ("ag",))
         if n % size == 0:
-            assert ring_all_reduce_sent(n, size, r) == 2 * (size - 1) * n // size   # REFERENCE.md
+            assert ring_all_reduce_sent(n, size, r) == 2 * (size - 1) * n // size   # docs/reference.md#tensor-parallelism
 
 # ----------------------------------------------------------------------------- pieces on one rank
 

@@ -82,7 +82,7 @@ def collectives_table(model, cfg, b, sp, clip):
     per_layer = "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else \
         "2 all-reduces forward + 2 backward"
     say(f"  per transformer layer: {per_layer}: 8 b*s*h (t-1)/t = "
-        f"{8 * b * T * C * (t - 1) // t:,} elements sent per rank (REFERENCE.md); {L} layers")
+        f"{8 * b * T * C * (t - 1) // t:,} elements sent per rank (docs/reference.md#tensor-parallelism); {L} layers")
 
 
 def gather_all(model, state):

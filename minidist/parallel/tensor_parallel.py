@@ -16,7 +16,7 @@ head) stays local:
 f: identity forward, all-reduce backward (every rank's input gradient is only its
    columns' part of the sum). g: all-reduce forward, identity backward. Each is the
    other's conjugate. Per transformer layer: 2 all-reduces of b*s*h in forward and 2 in
-   backward, 8 b*s*h (t-1)/t elements sent per rank (REFERENCE.md), nothing else.
+   backward, 8 b*s*h (t-1)/t elements sent per rank (docs/reference.md#tensor-parallelism), nothing else.
 
 The token table is cut by rows (vocabulary ranges), and as the output head it is cut by
 columns: the logits of the vocabulary are never whole on one rank. The loss needs only
