@@ -23,7 +23,7 @@ needs_mpirun = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside 
 
 def run_job(args, ranks, cwd, limit=60):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               MINIDIST_EXIT_TIMEOUT="3", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
     proc = subprocess.run([str(MPIRUN), "-n", str(ranks), sys.executable] + args, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=limit)
@@ -52,7 +52,8 @@ def test_exception_on_one_rank_ends_the_job(tmp_path):
 
 @needs_mpirun
 def test_sys_exit_on_one_rank_ends_the_job(tmp_path):
-    """sys.exit(3) on one rank: it would wait in MPI_Finalize, the others wait for it."""
+    """sys.exit(3) on one rank: it would wait in MPI_Finalize, the others wait for it.
+    (tests/test_no_hang.py covers every other way of leaving.)"""
     script = tmp_path / "early_exit.py"
     script.write_text(textwrap.dedent("""
         import sys
@@ -67,7 +68,7 @@ def test_sys_exit_on_one_rank_ends_the_job(tmp_path):
     """))
     proc, seconds = run_job([str(script)], 4, tmp_path)
     assert proc.returncode != 0 and seconds < LIMIT, (proc.returncode, seconds)
-    assert "sys.exit(3) on this rank" in proc.stderr
+    assert "[rank 1] this rank is ending (sys.exit(3))" in proc.stderr, proc.stderr
 
 
 @needs_mpirun

@@ -68,8 +68,11 @@ PROBLEMS = ("", "the op must be one of sum, avg, max",
             "a reduction needs numbers, not booleans")
 
 
-def local_problem(x, op=None, axis=None, root=None, size=None):
-    """The code (index into PROBLEMS) of a problem this rank sees alone, or 0."""
+def local_problem(x, op=None, axis=None, root=None, size=None, described=True):
+    """The code (index into PROBLEMS) of a problem this rank sees alone, or 0.
+
+    `described=False`: no descriptor will carry the shape, so any number of dimensions does.
+    """
     if op is not None and op not in OPS:
         return 1
     if root is not None and not 0 <= root < size:
@@ -84,7 +87,7 @@ def local_problem(x, op=None, axis=None, root=None, size=None):
         return 2
     if op == "max" and x.dtype.kind == "c":
         return 8
-    if x.ndim > MAX_DIMS:
+    if described and x.ndim > MAX_DIMS:
         return 7
     if axis is not None and x.ndim == 0:
         return 4
@@ -95,7 +98,7 @@ def local_problem(x, op=None, axis=None, root=None, size=None):
 
 def refuse(comm, x, name, op=None, axis=None, root=None):
     """Raise this rank's own problem as the check would (for check=False: no message sent)."""
-    problem = local_problem(x, op, axis, root, comm.Get_size())
+    problem = local_problem(x, op, axis, root, comm.Get_size(), described=False)
     if problem:
         row = describe(x, op, root, axis, problem, name)
         raise MismatchError(f"{name}: rank {comm.Get_rank()} passed {_text(row)}: {PROBLEMS[problem]}")

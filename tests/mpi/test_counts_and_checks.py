@@ -4,9 +4,11 @@
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
-from minidist.comm import (MismatchError, agree, all_reduce, broadcast, ring_all_gather,
-                           ring_all_reduce, ring_reduce_scatter, stats)
+from minidist.comm import (MismatchError, agree, all_reduce, all_to_all, broadcast, mpi_all_reduce,
+                           ring_all_gather, ring_all_reduce, ring_all_reduce_start, ring_reduce_scatter,
+                           stats)
 
 pytestmark = pytest.mark.mpi
 
@@ -86,3 +88,114 @@ def test_agree(comm):
     with stats.measure() as m:
         agree(comm, True)
     assert set(m) == {"check"}, f"agree should count only under 'check', got {sorted(m)}"
+
+
+# ----------------------------------------------------------------------------- edge cases (issue 8)
+
+def _raised_on_every_rank(comm, call):
+    """Run call(); return its MismatchError's text, after checking every rank raised one."""
+    try:
+        call()
+        text = None
+    except MismatchError as e:
+        text = str(e)
+    raised = np.array([int(text is not None)], np.int64)
+    total = np.empty_like(raised)
+    comm.Allreduce(raised, total, op=MPI.SUM)
+    assert total[0] == comm.Get_size(), f"MismatchError on {total[0]} of {comm.Get_size()} ranks"
+    assert ring_all_reduce(comm, np.ones(3))[0] == comm.Get_size(), "something was left in flight"
+    return text
+
+
+def _mismatched_algorithms(comm, r):
+    return all_reduce(comm, np.ones(4), impl="ring" if r == 0 else "naive")
+
+
+@pytest.mark.parametrize("name,call,words", [
+    ("ring, naive", _mismatched_algorithms, ("ring_all_reduce", "naive_all_reduce")),
+    ("all-reduce, broadcast",
+     lambda comm, r: ring_all_reduce(comm, np.ones(4)) if r else broadcast(comm, np.ones(4)),
+     ("ring_all_reduce", "broadcast")),
+    ("gather, scatter",
+     lambda comm, r: ring_all_gather(comm, np.ones(4)) if r else ring_reduce_scatter(comm, np.ones(4)),
+     ("ring_all_gather", "ring_reduce_scatter")),
+    ("mpi, recursive doubling",
+     lambda comm, r: all_reduce(comm, np.ones(4), impl="mpi" if r else "recursive_doubling"),
+     ("mpi_all_reduce", "recursive_doubling_all_reduce")),
+])
+def test_ranks_calling_different_collectives_is_a_mismatch(comm, name, call, words):
+    if comm.Get_size() == 1:
+        pytest.skip("a disagreement needs two ranks")
+    text = _raised_on_every_rank(comm, lambda: call(comm, comm.Get_rank()))
+    assert text.startswith("ranks called different collectives"), text
+    for w in words:
+        assert w in text, f"{name}: {w!r} not in {text!r}"
+
+
+UNCHECKED = {
+    "ring": lambda comm, x, op: ring_all_reduce(comm, x, op=op, check=False),
+    "naive": lambda comm, x, op: all_reduce(comm, x, op=op, impl="naive", check=False),
+    "doubling": lambda comm, x, op: all_reduce(comm, x, op=op, impl="recursive_doubling", check=False),
+    "mpi": lambda comm, x, op: all_reduce(comm, x, op=op, impl="mpi", check=False),
+    "mpi_all_reduce": lambda comm, x, op: mpi_all_reduce(comm, x, op=op),
+    "reduce_scatter": lambda comm, x, op: ring_reduce_scatter(comm, x, op=op, check=False),
+    "start": lambda comm, x, op: ring_all_reduce_start(comm, x, op=op, check=False).wait(),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(UNCHECKED))
+def test_unknown_op_and_integer_avg_are_refused_without_check(comm, impl):
+    """op="min" once summed silently with check=False, and MPI floored an integer avg."""
+    call = UNCHECKED[impl]
+    text = _raised_on_every_rank(comm, lambda: call(comm, np.ones(6), "min"))
+    assert "the op must be one of sum, avg, max" in text, text
+    text = _raised_on_every_rank(comm, lambda: call(comm, np.arange(6), "avg"))
+    assert "op 'avg' needs a float or complex array" in text, text
+
+
+BAD_DTYPES = {"string": np.array(["ab", "cd"]), "bytes": np.array([b"ab", b"cd"]),
+              "record": np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
+              "byte-swapped": np.zeros(2, dtype=np.dtype(np.float64).newbyteorder()),
+              "object": np.array([1, "a"], dtype=object)}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_DTYPES))
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "broadcast", "all_to_all"])
+def test_dtypes_mpi_cannot_carry_are_refused_on_every_rank(comm, kind, collective):
+    """Only the last rank passes the bad array: every rank raises, none crashes."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    x = BAD_DTYPES[kind] if rank == size - 1 else np.zeros(2)
+    call = {"all_reduce": lambda: ring_all_reduce(comm, x),
+            "all_gather": lambda: ring_all_gather(comm, x),
+            "broadcast": lambda: broadcast(comm, x, root=size - 1),
+            "all_to_all": lambda: all_to_all(comm, x)}[collective]
+    text = _raised_on_every_rank(comm, call)
+    assert f"rank {size - 1} passed" in text and "MPI cannot carry this dtype" in text, text
+
+
+def test_more_dimensions_than_the_check_holds_are_refused(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    deep = np.ones((1,) * 8 + (2, 3))
+    text = _raised_on_every_rank(comm, lambda: ring_all_reduce(comm, deep if rank == 0 else np.ones(6)))
+    assert "rank 0 passed" in text and "at most 8 dimensions" in text, text
+    # without the check the ring needs no shape: a deep array keeps its shape
+    y = ring_all_reduce(comm, deep, check=False)
+    assert y.shape == deep.shape and np.all(y == size)
+    # eight dimensions fit, and a mismatch in the last one is seen
+    eight = np.ones((1,) * 6 + (2, 3 + (rank == size - 1)))
+    if size > 1:
+        text = _raised_on_every_rank(comm, lambda: ring_all_reduce(comm, eight))
+        assert "disagree on the input" in text, text
+    x = np.ones((1,) * 6 + (2, 3))
+    assert broadcast(comm, x if rank == 0 else None).shape == x.shape
+
+
+@pytest.mark.parametrize("impl", ["ring", "naive", "recursive_doubling", "mpi"])
+def test_complex_sum_and_avg(comm, impl):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    xs = [np.arange(5) * (r + 1) + 1j * r for r in range(size)]
+    total = np.sum(xs, axis=0)
+    assert np.allclose(all_reduce(comm, xs[rank], op="sum", impl=impl), total)
+    assert np.allclose(all_reduce(comm, xs[rank], op="avg", impl=impl), total / size)
+    text = _raised_on_every_rank(comm, lambda: all_reduce(comm, xs[rank], op="max", impl=impl))
+    assert "complex numbers have no order" in text, text

@@ -4,6 +4,7 @@
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from minidist.comm import GridError, ProcessGrid
 
@@ -48,12 +49,21 @@ def test_dp_is_inferred_and_str_is_a_table(comm):
     g.free()
 
 
-@pytest.mark.parametrize("kw", [dict(tp=3, pp=3), dict(tp=1, pp=1, dp=99), dict(tp=0), dict(pp=-1)])
-def test_mismatch_is_a_clear_error(comm, kw):
+@pytest.mark.parametrize("kw,says", [
+    (dict(tp=3, pp=3), "tp=3 x pp=3 = 9 ranks per replica does not divide the {size} ranks"),
+    (dict(tp=1, pp=1, dp=99), "tp=1 x pp=1 x dp=99 = 99 ranks, but the world has {size}"),
+    (dict(tp=0), "tp must be a whole number of at least 1, got 0"),
+    (dict(pp=-1), "pp must be a whole number of at least 1, got -1"),
+    (dict(tp=2.0), "tp must be a whole number of at least 1, got 2.0")])
+def test_mismatch_is_a_clear_error_on_every_rank(comm, kw, says):
     size = comm.Get_size()
     if kw.get("tp") == 3 and size % 9 == 0:
         pytest.skip("9 divides this world")
     with pytest.raises(GridError) as err:
         ProcessGrid(**kw)
-    assert isinstance(err.value, ValueError)
-    assert "tp" in str(err.value) or "pp" in str(err.value)
+    assert says.format(size=size) in str(err.value), str(err.value)
+    # an agreed error must be raised by every rank alike: count them (MPI's own all-reduce)
+    raised = np.ones(1, np.int64)
+    everyone = np.empty_like(raised)
+    comm.Allreduce(raised, everyone, op=MPI.SUM)
+    assert everyone[0] == size
