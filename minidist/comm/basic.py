@@ -6,7 +6,7 @@
     recursive doubling      lg N rounds; in round k a rank swaps its whole array with the
                             rank 2^k away and both add. lg N messages (few: good for tiny
                             arrays) but M bytes per round (many: bad for large ones).
-                            MPICH's cost model (REFERENCE.md): lg p (alpha + n beta + n gamma).
+                            MPICH's cost model (docs/reference.md): lg p (alpha + n beta + n gamma).
 
 broadcast and reduce here are linear: the root talks to every other rank in turn. That
 is the textbook's first version; MPI's own use trees. Same conventions as the ring

@@ -4,7 +4,7 @@
 
 Ranks stand in a ring: each sends only to its right neighbour (rank+1) and receives
 only from its left (rank-1), N-1 steps per phase, one chunk of 1/N of the array per
-step. Bytes each rank sends (REFERENCE.md; M the array's bytes, N ranks):
+step. Bytes each rank sends (docs/reference.md; M the array's bytes, N ranks):
 
     ring reduce-scatter   N-1 steps       (N-1)/N * M
     ring all-gather       N-1 steps       (N-1)/N * M

@@ -9,7 +9,7 @@ below 20000; the collectives keep the tags above for themselves.
 
 all_to_all: chunk j of numpy.array_split(x, N, axis) goes to rank j; each rank joins
 what it received in rank order. N-1 pairwise steps: at step k send to rank+k while
-receiving from rank-k. Each rank sends (N-1)/N * M (REFERENCE.md).
+receiving from rank-k. Each rank sends (N-1)/N * M (docs/reference.md).
 """
 import numpy as np
 

@@ -4,7 +4,7 @@ Every collective in minidist.comm adds what it sends and receives here, under it
 name ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
 "all_to_all", "send", "recv"). The small control messages that check shapes and dtypes
 across ranks (and the headers of send/recv) go under "check", never into the data
-bytes, so a lesson can print measured data bytes beside REFERENCE.md's formula:
+bytes, so a lesson can print measured data bytes beside docs/reference.md's formula:
 
     from minidist.comm import stats, ring_all_reduce
     with stats.measure() as m:

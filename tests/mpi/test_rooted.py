@@ -94,3 +94,22 @@ def test_send_recv_around_the_ring(comm):
 def test_send_recv_tags_in_range(comm):
     with pytest.raises(ValueError, match="tag"):
         send(comm, np.zeros(1), 0, tag=25000)
+
+
+def test_send_refuses_what_it_cannot_describe_before_sending(comm):
+    """A string array is refused on the sending rank, before any message leaves it."""
+    rank = comm.Get_rank()
+    for bad in (np.array(["ab"]), np.ones((1,) * 9)):
+        with pytest.raises(ValueError, match="send: an array of shape"):
+            send(comm, bad, dest=rank, tag=3)
+    assert not comm.Iprobe(MPI.ANY_SOURCE, 3), "a refused send left a message behind"
+
+
+def test_recv_refuses_a_message_that_is_not_a_send_header(comm):
+    """A raw comm.Send on a user tag is not taken for minidist's header."""
+    rank = comm.Get_rank()
+    raw = np.zeros(16, np.int64)
+    request = comm.Isend(raw, rank, 4)
+    with pytest.raises(ValueError, match="not the header of a minidist send"):
+        recv(comm, rank, tag=4)
+    request.Wait()
