@@ -1,27 +1,41 @@
-"""Grade a lesson's exercise file.
+"""Grade exercise files: one student's, or a whole class's.
 
     python -m minidist.grade lessons/exercises/00_autograd.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
+    mpirun -n 4 python -m minidist.grade --exercise 01 --json out.json submissions/
 
-Imports the student's file as a module and runs the lesson's checks on its functions
+Imports each student file as a module and runs the lesson's checks on its functions
 (minidist/lessons/checks/exNN_topic.py), one line per exercise:
   PASS  the function agrees with the check;
-  FAIL  the first mismatch, in plain words (or the exception it raised);
+  FAIL  the first mismatch, in plain words (or the exception it raised, and the line);
   TODO  the stub still raises NotImplementedError.
-Exit code 0 only when every exercise passes.
+Which checks apply comes from --exercise, or else from the file's name (01_collectives.py).
 
-Under mpirun every rank runs every check; the verdicts are agreed with one of MPI's own
-all-reduces (FAIL on any rank beats TODO beats PASS) and rank 0 prints them. Each check
-runs in a thread with a time limit, so a ring that deadlocks is reported as FAIL instead
-of hanging the class; the checks after it are not run, since its messages are still
-in flight.
+Multi-rank exercises (01, and 2.1) need at least 3 ranks: at 2 the left and right
+neighbours of a ring are the same rank, so a ring with the wrong neighbour would pass.
+Below that (or without mpirun) they FAIL and say so; the grader does not relaunch
+itself. Grade at 3 and at 4 ranks.
+
+Under mpirun every rank runs every check, each in a thread, while the main threads talk
+on their own duplicate of COMM_WORLD, non-blocking: each rank announces its verdict the
+moment its check ends. A rank whose check is still running when another rank reports a
+failure stops waiting at once, so an exception on one rank is agreed in a moment, not
+after the time limit, and the message names the rank and the line. A check still
+running after --timeout seconds is a time-out, and the message names the ranks that did
+not finish and what each was waiting for. Stopped checks are freed (the student's
+communicator cancels their receives and every rank drops what was sent to it:
+minidist/lessons/checks/counting.py), so the next check and MPI's own exit run normally.
+FAIL beats a time-out (usually its consequence), which beats TODO, which beats PASS.
 """
 import argparse
 import importlib
 import importlib.util
+import json
+import math
 import os
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -29,29 +43,75 @@ import numpy as np
 
 from minidist.failfast import agreed_exit
 
-PASS, TODO, FAIL = 0, 1, 2
-WORD = {PASS: "PASS", TODO: "TODO", FAIL: "FAIL"}
-MSG_BYTES = 400  # a verdict's message travels as a fixed-size byte buffer
+EPILOG = """exit codes:
+  0  every exercise of every file passes
+  1  some exercise fails or is still TODO
+  2  bad usage: an unknown flag, file, exercise or --only number, --timeout <= 0,
+     a --json path that cannot be written (one line, before anything is graded)
+
+--json PATH writes the whole run: {"ranks", "timeout", "exit_code", "results": [{"file",
+"exercise", "name", "verdict", "message", "seconds"}, ...]}, one result per file and exercise.
+"""
+PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
+# how bad a rank's outcome is; the worst over the ranks decides (STOPPED never does: a rank
+# stops only because another reported something worse)
+S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL = range(5)
+MSG_BYTES = 400               # a status travels as 1 + MSG_BYTES bytes
+POLL_S = 0.002
+GRACE_S = 3.0                 # after a stop: how long a check's thread may take to end
+DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
+            "that cannot wait in a circle: with large messages a Send waits for its Recv)")
+CHECKS = Path(__file__).parent / "lessons" / "checks"
 
 
-def load_student(path):
+class UsageError(Exception):
+    """Bad usage, found the same on every rank: one line, exit 2."""
+
+
+# ----------------------------------------------------------------------------- files and checks
+
+def known_exercises():
+    """{"00": "00_autograd", ...} from minidist/lessons/checks/exNN_topic.py."""
+    return {p.stem[2:4]: p.stem[2:] for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}
+
+
+def exercise_of(text):
+    """'01', '1', '01_collectives' or '.../01_collectives.py' -> '01_collectives' (or UsageError)."""
+    known = known_exercises()
+    stem = Path(text).stem
+    if stem.isdigit() and stem.zfill(2) in known:
+        return known[stem.zfill(2)]
+    if stem in known.values():
+        return stem
+    raise UsageError(f"no checks for {Path(text).name}; exercises are: {', '.join(known.values())}")
+
+
+def checks_for(exercise):
+    return importlib.import_module(f"minidist.lessons.checks.ex{exercise}").EXERCISES
+
+
+def student_files(paths):
+    """The .py files named, folders expanded (sorted), in order."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.glob("*.py") if f.is_file())
+            if not found:
+                raise UsageError(f"no .py files in folder {p}")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"no such file: {p}")
+    return files
+
+
+def load_student(path, i=0):
     """Import the file at `path` as a module, without touching sys.path."""
-    spec = importlib.util.spec_from_file_location(f"student_{Path(path).stem}", path)
+    spec = importlib.util.spec_from_file_location(f"student_{i}_{Path(path).stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def checks_for(path):
-    """lessons/exercises/00_autograd.py -> minidist.lessons.checks.ex00_autograd.EXERCISES."""
-    name = f"minidist.lessons.checks.ex{Path(path).stem}"
-    try:
-        return importlib.import_module(name).EXERCISES
-    except ModuleNotFoundError as e:
-        if e.name != name:
-            raise
-        known = sorted(p.stem[2:] + ".py" for p in Path(__file__).parent.joinpath("lessons", "checks").glob("ex*.py"))
-        raise SystemExit(f"error: no checks for {Path(path).name}; exercise files are: {', '.join(known)}")
 
 
 def _where(exc):
@@ -62,55 +122,164 @@ def _where(exc):
     return ""
 
 
-def run_check(check, fn, timeout):
-    """Run check(fn) in a thread. Returns (verdict, message, finished)."""
+# ----------------------------------------------------------------------------- one check, one rank
+
+def start_check(check, fn, session=None):
+    """Run check(fn[, session]) in a thread. Returns (thread, result): result["v"] is
+    (severity, message) once the thread ends."""
+    from_counting = sys.modules.get("minidist.lessons.checks.counting")
+    stopped = from_counting.Stopped if from_counting else ()
     result = {}
 
     def target():
         try:
-            check(fn)
-            result["v"] = (PASS, "")
+            check(fn) if session is None else check(fn, session)
+            result["v"] = (S_PASS, "")
         except NotImplementedError as e:
-            result["v"] = (TODO, str(e) or "not implemented yet")
+            result["v"] = (S_TODO, str(e) or "not implemented yet")
         except AssertionError as e:
-            result["v"] = (FAIL, str(e) or "a check failed")
+            result["v"] = (S_FAIL, str(e) or "a check failed")
         except Exception as e:  # the student's code raised: show what and where
-            result["v"] = (FAIL, f"{type(e).__name__}: {e}{_where(e)}")
-        except BaseException as e:  # sys.exit() in a student's function
-            result["v"] = (FAIL, f"the function called {type(e).__name__}({e}){_where(e)}")
+            result["v"] = (S_FAIL, f"{type(e).__name__}: {e}{_where(e)}")
+        except BaseException as e:  # Stopped by the grader, or sys.exit() in a student's function
+            if stopped and isinstance(e, stopped):
+                result["v"] = (S_STOPPED, "stopped")
+            else:
+                result["v"] = (S_FAIL, f"the function called {type(e).__name__}({e}){_where(e)}")
 
     t = threading.Thread(target=target, daemon=True)
     t.start()
+    return t, result
+
+
+def run_check(check, fn, timeout):
+    """One process, no MPI: run check(fn) with a time limit. Returns (verdict, message, finished)."""
+    t, result = start_check(check, fn)
     t.join(timeout)
     if t.is_alive():
-        return FAIL, (f"did not finish within {timeout:g} s: a deadlock? (every send needs a "
-                      "matching receive on the other rank, in an order that cannot wait in a circle)"), False
-    return (*result["v"], True)
+        return FAIL, f"did not finish within {timeout:g} s (an endless loop?)", False
+    severity, message = result["v"]
+    return _word(severity), message, True
 
 
-def agree(comm, verdict, message, finished=True):
-    """Agree a verdict across ranks: the worst one wins, with its message naming the rank.
+def _word(severity):
+    return {S_PASS: PASS, S_TODO: TODO}.get(severity, FAIL)
 
-    Among failures, a concrete one (a wrong value, an exception) beats a time-out: when
-    rank 1 computes garbage and rank 0 then waits for it, the garbage is the news.
+
+# ----------------------------------------------------------------------------- agreeing, under mpirun
+
+def _encode(severity, message):
+    buf = np.zeros(1 + MSG_BYTES, np.uint8)
+    raw = message.encode("utf-8", "replace")[:MSG_BYTES]
+    buf[0], buf[1:1 + len(raw)] = severity, np.frombuffer(raw, np.uint8)
+    return buf
+
+
+def _decode(buf):
+    return int(buf[0]), bytes(buf[1:]).rstrip(b"\0").decode("utf-8", "replace")
+
+
+class Talk:
+    """Every rank tells every other rank one status, non-blocking, on the control communicator."""
+
+    def __init__(self, ctl, tag):
+        self.ctl, self.tag = ctl, tag
+        self.me, self.n = ctl.Get_rank(), ctl.Get_size()
+        self.others = [r for r in range(self.n) if r != self.me]
+        self.inbox = {r: np.zeros(1 + MSG_BYTES, np.uint8) for r in self.others}
+        self.recvs = {r: ctl.Irecv(b, r, tag) for r, b in self.inbox.items()}
+        self.heard, self.sends = {}, []
+
+    def tell(self, severity, message):
+        self.heard[self.me] = (severity, message)
+        self.out = _encode(severity, message)
+        self.sends = [self.ctl.Isend(self.out, r, self.tag) for r in self.others]
+
+    def listen(self):
+        """Collect what arrived; True when every rank (me too) has spoken."""
+        for r, req in list(self.recvs.items()):
+            if req.Test():
+                self.heard[r] = _decode(self.inbox.pop(r))
+                del self.recvs[r]
+        return not self.recvs and self.me in self.heard
+
+    def finish(self):
+        from mpi4py import MPI
+        MPI.Request.Waitall(self.sends)
+        return self.heard
+
+
+def settle(ctl, tag, thread, result, session, timeout, multi_rank):
+    """Wait for this rank's check and hear every rank's outcome: {rank: (severity, message)}.
+
+    This rank stops its own check when another rank reports a failure or a TODO (it is
+    probably waiting for that rank) and reports a time-out when its limit passes, or when
+    another rank timed out while this one is still running.
     """
-    if comm is None or comm.Get_size() == 1:
-        return verdict, message
-    severity = verdict + (1 if verdict == FAIL and finished else 0)  # PASS 0, TODO 1, FAIL 2-3
-    codes = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([severity], dtype=np.int64), codes)
-    src = int(np.argmax(codes))  # the lowest rank with the worst verdict
-    worst = min(int(codes[src]), FAIL)
-    buf = np.zeros(MSG_BYTES, dtype=np.uint8)
-    if comm.Get_rank() == src:
-        raw = message.encode("utf-8", "replace")[:MSG_BYTES]
-        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    comm.Bcast(buf, root=src)
-    text = bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
-    if worst == FAIL and not text.startswith("rank "):
-        text = f"rank {src}: {text}"
-    return worst, text
+    talk = Talk(ctl, tag)
+    deadline = time.monotonic() + timeout
+    while True:
+        everyone = talk.listen()
+        if talk.me not in talk.heard:
+            others = [s for s, _ in talk.heard.values()]
+            if thread is None or not thread.is_alive():
+                talk.tell(*result["v"])
+            elif time.monotonic() > deadline or S_TIMEOUT in others:
+                talk.tell(S_TIMEOUT, session.where() if session is not None else "busy (an endless loop?)")
+            elif any(s in (S_TODO, S_FAIL) for s in others):
+                talk.tell(S_STOPPED, "stopped")
+            if talk.me in talk.heard and thread is not None and thread.is_alive() and session is not None:
+                session.stop()
+            continue
+        if everyone:
+            return talk.finish()
+        time.sleep(POLL_S)
 
+
+def release(ctl, tag, thread, session):
+    """After a check: free the threads stopped in MPI, then agree whether any rank's is stuck.
+
+    Cancels this rank's pending receives and keeps dropping what others sent here until
+    every rank's thread has ended (or GRACE_S passed). True when some rank's is stuck.
+    """
+    session.stop()
+    talk = Talk(ctl, tag)
+    grace = time.monotonic() + GRACE_S
+    while not talk.listen():
+        session.drain()
+        if talk.me not in talk.heard and (not thread.is_alive() or time.monotonic() > grace):
+            talk.tell(int(thread.is_alive()), "")
+        time.sleep(POLL_S)
+    stuck = any(s for s, _ in talk.finish().values())
+    if not stuck:
+        session.free()
+    return stuck
+
+
+def verdict_of(heard, timeout, multi_rank):
+    """(verdict, message) from every rank's outcome: the worst wins, its rank named."""
+    worst = max(s for s, _ in heard.values())
+    ranks = sorted(r for r, (s, _) in heard.items() if s == worst)
+    n = len(heard)
+    if worst == S_TIMEOUT:
+        who = "rank" if len(ranks) == 1 else "ranks"
+        where = "; ".join(f"rank {r} {heard[r][1]}" for r in ranks) if n > 1 else heard[ranks[0]][1]
+        if n > 1:
+            text = f"{who} {', '.join(map(str, ranks))} of {n} did not finish within {timeout:g} s: {where}"
+        else:
+            text = f"did not finish within {timeout:g} s: {where}"
+        if multi_rank and any("waiting in" in heard[r][1] for r in ranks):
+            text += f": {DEADLOCK}"
+        return FAIL, text
+    message = heard[ranks[0]][1]
+    if worst == S_FAIL and n > 1 and f"rank {ranks[0]}" not in message:
+        message = f"rank {ranks[0]}: {message}"
+    if worst == S_STOPPED:
+        message = "stopped (another rank failed)"
+    return _word(worst), message
+
+
+# ----------------------------------------------------------------------------- a file, a class
 
 def mpi_world():
     """COMM_WORLD when this is a job of several ranks (mpi4py imported only then)."""
@@ -120,74 +289,151 @@ def mpi_world():
     return MPI.COMM_WORLD
 
 
-def grade(path, timeout=30.0, only=None, out=print):
-    """Grade the file at `path`.
+class Grader:
+    """Grades files one exercise at a time, every rank alike; remembers a stuck thread."""
 
-    Returns (exit code, [(number, name, verdict word, message)], stuck) where stuck says
-    a check's thread is still blocked (a deadlock).
-    """
-    comm = mpi_world()
-    root = comm is None or comm.Get_rank() == 0
-    exercises = [e for e in checks_for(path) if only is None or e.number in only]
-    try:
-        student = load_student(path)
-        load_error = None
-    except Exception as e:
-        student, load_error = None, f"the file does not import: {type(e).__name__}: {e}"
-    lines, stuck = [], False
-    for ex in exercises:
-        finished = True                   # False: this rank's check timed out (or was not run)
-        if stuck:
-            verdict, msg, finished = FAIL, "not run: an earlier exercise did not finish", False
+    def __init__(self, timeout=30.0, out=print):
+        self.timeout, self.out = timeout, out
+        self.world = mpi_world()
+        self.ctl = self.world.Dup() if self.world is not None else None
+        self.n = self.world.Get_size() if self.world is not None else 1
+        self.root = self.world is None or self.world.Get_rank() == 0
+        self.jobs, self.stuck = 0, False
+
+    def one(self, ex, student, load_error):
+        """(verdict, message) of one exercise, the same on every rank."""
+        multi = ex.min_ranks > 1
+        fn = getattr(student, ex.name, None)
+        result, thread, session = {}, None, None
+        if self.stuck:
+            result["v"] = (S_FAIL, "not run: an earlier check did not finish")
         elif load_error:
-            verdict, msg = FAIL, load_error
-        elif not callable(getattr(student, ex.name, None)):
-            verdict, msg = FAIL, f"the file has no function named {ex.name}"
+            result["v"] = (S_FAIL, load_error)
+        elif not callable(fn):
+            result["v"] = (S_FAIL, f"the file has no function named {ex.name}")
+        elif self.n < ex.min_ranks:
+            result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: at 2 ranks a "
+                           "ring's left and right neighbours are the same rank, so a wrong neighbour would "
+                           f"pass; grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
+        elif self.ctl is None:
+            verdict, message, finished = run_check(ex.check, fn, self.timeout)
+            return verdict, message
         else:
-            verdict, msg, finished = run_check(ex.check, getattr(student, ex.name), timeout)
-            stuck = not finished
-            if comm is not None:  # if any rank is stuck, all stop after this exercise
-                stuck = _any(comm, stuck)
-        verdict, msg = agree(comm, verdict, msg, finished)
-        lines.append((ex.number, ex.name, WORD[verdict], msg))
-        if root:
-            tail = f": {msg}" if msg and verdict != PASS else ""
-            out(f"{WORD[verdict]}  {ex.number} {ex.name}{tail}")
-    n_pass = sum(v == "PASS" for _, _, v, _ in lines)
-    if root:
-        out(f"{n_pass}/{len(lines)} exercises pass")
-    code = 0 if n_pass == len(lines) else 1
-    return code, lines, stuck
+            if multi:
+                from minidist.lessons.checks.counting import Session
+                session = Session(self.world)
+            thread, result = start_check(ex.check, fn, session)
+        if self.ctl is None:
+            return _word(result["v"][0]), result["v"][1]
+        tag = (2 * self.jobs) % 30000
+        self.jobs += 1
+        heard = settle(self.ctl, tag, thread, result, session, self.timeout, multi)
+        if session is not None:
+            self.stuck = release(self.ctl, tag + 1, thread, session) or self.stuck
+        return verdict_of(heard, self.timeout, multi)
+
+    def grade(self, path, exercise, only=None, i=0, prefix=""):
+        """Grade one file; returns [row dicts]."""
+        exercises = [e for e in checks_for(exercise) if only is None or e.number in only]
+        try:
+            student, load_error = load_student(path, i), None
+        except Exception as e:
+            student, load_error = None, f"the file does not import: {type(e).__name__}: {e}{_where(e)}"
+        rows = []
+        for ex in exercises:
+            t0 = time.perf_counter()
+            verdict, message = self.one(ex, student, load_error)
+            rows.append(dict(file=str(path), exercise=ex.number, name=ex.name, verdict=verdict,
+                             message=message, seconds=round(time.perf_counter() - t0, 3)))
+            if self.root:
+                tail = f": {message}" if message and verdict != PASS else ""
+                self.out(f"{prefix}{verdict}  {ex.number} {ex.name}{tail}")
+        if self.root:
+            n_pass = sum(r["verdict"] == PASS for r in rows)
+            self.out(f"{prefix}{n_pass}/{len(rows)} exercises pass")
+        return rows
 
 
-def _any(comm, flag):
-    """True on every rank if flag is True on any (one of MPI's own all-reduces)."""
-    from mpi4py import MPI
-    buf = np.array([int(flag)], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
-    return bool(buf[0])
+def grade(path, timeout=30.0, only=None, out=print, exercise=None):
+    """Grade the file at `path` (exercise from its name unless given).
+
+    Returns (exit code, [(number, name, verdict, message)], stuck): stuck says a check's
+    thread is still blocked, so MPI cannot finish normally.
+    """
+    g = Grader(timeout, out)
+    rows = g.grade(path, exercise or exercise_of(path), only)
+    code = 0 if all(r["verdict"] == PASS for r in rows) else 1
+    return code, [(r["exercise"], r["name"], r["verdict"], r["message"]) for r in rows], g.stuck
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def _rank0():
+    """Rank 0 of the job (or no job): read from the environment, before MPI starts."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if key in os.environ:
+            return os.environ[key] == "0"
+    return True
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse(argv):
+    """The arguments, checked: (args, [(file, exercise)], only). Raises UsageError."""
+    p = _Parser(prog="python -m minidist.grade", description=__doc__.split("\n\n")[0],
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="exercise files or folders of them (a folder: its *.py files)")
+    p.add_argument("--exercise", metavar="NN", help="which checks, e.g. 01 (default: from each file's name)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds one check may take (default %(default)s)")
+    p.add_argument("--only", nargs="+", metavar="N.M", help="grade only these exercises, e.g. --only 1.2")
+    p.add_argument("--json", metavar="PATH", help="also write the whole run to PATH as JSON")
+    args = p.parse_args(argv)
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
+    files = student_files(args.files)
+    jobs = [(f, exercise_of(args.exercise or f)) for f in files]
+    only = set(args.only) if args.only else None
+    if only:
+        numbers = {e.number for _, ex in jobs for e in checks_for(ex)}
+        unknown = sorted(only - numbers)
+        if unknown:
+            raise UsageError(f"--only {' '.join(unknown)}: no such exercise; these files have "
+                             f"{', '.join(sorted(numbers))}")
+    if args.json:
+        out = Path(args.json)
+        if out.is_dir():
+            raise UsageError(f"--json {out}: is a folder; name a file")
+        if not out.parent.resolve().is_dir() or not os.access(out.parent.resolve(), os.W_OK) \
+                or (out.exists() and not os.access(out, os.W_OK)):
+            raise UsageError(f"--json {out}: cannot write there")
+    return args, jobs, only
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minidist.grade", description=__doc__.split("\n\n")[0])
-    p.add_argument("file", help="an exercise file, e.g. lessons/exercises/00_autograd.py")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds one check may take (default %(default)s)")
-    p.add_argument("--only", nargs="+", metavar="N.M", help="grade only these exercises, e.g. --only 0.2")
-    args = p.parse_args(argv)
-    if not Path(args.file).is_file():
-        comm = mpi_world()
-        if comm is None or comm.Get_rank() == 0:
-            print(f"error: no such file: {args.file}", file=sys.stderr)
+    try:
+        args, jobs, only = parse(argv)
+    except UsageError as e:   # every rank parsed the same arguments: every rank exits alike
+        if _rank0():
+            print(f"python -m minidist.grade: error: {e} (see --help)", file=sys.stderr)
         return 2
-    code, _, stuck = grade(args.file, args.timeout, set(args.only) if args.only else None)
+    g = Grader(args.timeout)
+    rows = []
+    for i, (path, exercise) in enumerate(jobs):
+        prefix = f"{path.name}  " if len(jobs) > 1 else ""
+        rows += g.grade(path, exercise, only, i, prefix)
+    code = 0 if all(r["verdict"] == PASS for r in rows) else 1
+    if args.json and g.root:
+        Path(args.json).write_text(json.dumps(dict(ranks=g.n, timeout=args.timeout, exit_code=code,
+                                                   results=rows), indent=1) + "\n")
     sys.stdout.flush()
-    if stuck:  # a thread is blocked inside MPI forever: MPI_Finalize would wait for it
-        comm = mpi_world()
-        if comm is not None:
-            comm.Barrier()
+    if g.stuck:  # a thread is blocked inside MPI for good: MPI_Finalize would wait for it
+        g.ctl.Barrier()
         os._exit(code)
     return code
 
 
 if __name__ == "__main__":
-    agreed_exit(main())  # the verdicts are agreed: every rank exits alike
+    agreed_exit(main())  # the verdicts and usage errors are agreed: every rank exits alike

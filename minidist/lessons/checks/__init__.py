@@ -4,7 +4,14 @@
 `EXERCISES` lists what to check. A check takes the function to grade (the student's, or
 the package's own in the tests) and raises AssertionError with a plain sentence when it
 is wrong; it returns None when it is right.
+
+A check of a multi-rank exercise (min_ranks > 1) also takes a `session`
+(minidist.lessons.checks.counting.Session): the grader makes one on every rank before
+the check's thread starts, so that it can stop the thread when another rank fails. The
+tests call such checks without one, and the check makes its own. Such a check raises on
+the rank that sees the problem, and only there: the grader agrees the verdicts.
 """
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,4 +21,19 @@ class Exercise:
     number: str                 # "0.1": what the stub's NotImplementedError names
     name: str                   # the function's name, in the stub file and in the package
     reference: Callable         # the package's own answer
-    check: Callable             # check(fn) -> None, raises AssertionError("plain words")
+    check: Callable             # check(fn) or check(fn, session) -> None, raises AssertionError
+    min_ranks: int = 1          # the grader fails the exercise below this many ranks (1: serial)
+
+
+@contextmanager
+def own_session(session):
+    """The grader's session, or (called from a test) a new one, freed afterwards."""
+    if session is not None:
+        yield session
+        return
+    from minidist.lessons.checks.counting import Session
+    session = Session()
+    try:
+        yield session
+    finally:
+        session.free()

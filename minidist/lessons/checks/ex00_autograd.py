@@ -5,6 +5,10 @@ and compares the function's gradients with central differences of that forward
 (f(x + h) - f(x - h)) / 2h, element by element. The loss is L = sum(out * G) with a
 random G, so the gradient handed to a backward is G. Any correct answer passes; the
 package's own answer is graded the same way (tests/test_checks00.py).
+
+Every check also verifies that no input changed: a backward gets arrays the engine still
+holds (the saved activations, the gradient flowing in), so `x *= 0` or writing into
+`probs` corrupts the rest of the backward pass even when the returned value is right.
 """
 import math
 
@@ -46,6 +50,17 @@ def assert_close(name, got, expected, rtol=1e-5, atol=1e-7):
         raise AssertionError(f"{name}{where} is {got[i]:.6g}, expected {expected[i]:.6g} (central difference)")
 
 
+def call_unchanged(fn, name, **inputs):
+    """fn(*inputs) on copies; raise AssertionError when it changed any of them in place."""
+    copies = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    result = fn(*copies.values())
+    for k, v in inputs.items():
+        if isinstance(v, np.ndarray) and not np.array_equal(copies[k], v):
+            raise AssertionError(f"{name} changed its input `{k}` in place (e.g. `{k} *= ...` or writing "
+                                 f"into {k}[...]); the engine still needs it: compute into new arrays")
+    return result
+
+
 def _unpack(result, n, names):
     if not isinstance(result, tuple) or len(result) != n:
         raise AssertionError(f"return a tuple of {n} arrays ({', '.join(names)}), not {type(result).__name__}")
@@ -60,7 +75,7 @@ def check_matmul_backward(fn):
                    ((2, 1, 3, 4), (5, 4, 2))]:
         a, b = rng.standard_normal(sa), rng.standard_normal(sb)
         G = rng.standard_normal(np.matmul(a, b).shape)
-        ga, gb = _unpack(fn(a.copy(), b.copy(), G.copy()), 2, ("grad_a", "grad_b"))
+        ga, gb = _unpack(call_unchanged(fn, "matmul_backward", a=a, b=b, grad=G), 2, ("grad_a", "grad_b"))
         loss = lambda: float((np.matmul(a, b) * G).sum())   # noqa: E731
         assert_close(f"grad_a (a {sa} @ b {sb})", ga, central_difference(loss, a))
         assert_close(f"grad_b (a {sa} @ b {sb})", gb, central_difference(loss, b))
@@ -84,7 +99,7 @@ def check_layer_norm_backward(fn):
         w, b = rng.standard_normal(C), rng.standard_normal(C)
         G = rng.standard_normal(shape)
         _, xhat, rstd = _layer_norm(x, w, b)
-        gx, gw, gb = _unpack(fn(xhat.copy(), rstd.copy(), w.copy(), G.copy()), 3,
+        gx, gw, gb = _unpack(call_unchanged(fn, "layer_norm_backward", xhat=xhat, rstd=rstd, weight=w, grad=G), 3,
                              ("grad_x", "grad_weight", "grad_bias"))
         loss = lambda: float((_layer_norm(x, w, b)[0] * G).sum())   # noqa: E731
         assert_close(f"grad_x (x of shape {shape})", gx, central_difference(loss, x))
@@ -106,7 +121,7 @@ def check_softmax_cross_entropy_backward(fn):
         logits = rng.standard_normal((n, v)) * 3
         targets = rng.integers(0, v, n)
         _, probs = _cross_entropy(logits, targets)
-        got = fn(probs.copy(), targets.copy(), g)
+        got = call_unchanged(fn, "softmax_cross_entropy_backward", probs=probs, targets=targets, grad=g)
         loss = lambda: g * float(_cross_entropy(logits, targets)[0])   # noqa: E731
         assert_close(f"grad_logits ({n} rows, {v} classes, grad {g})", got, central_difference(loss, logits))
 
@@ -122,7 +137,7 @@ def check_gelu_backward(fn):
     for shape in [(7,), (3, 4, 5)]:
         x = rng.standard_normal(shape) * 3
         G = rng.standard_normal(shape)
-        got = fn(x.copy(), G.copy())
+        got = call_unchanged(fn, "gelu_backward", x=x, grad=G)
         loss = lambda: float((_gelu(x) * G).sum())   # noqa: E731
         assert_close(f"grad_x (x of shape {shape})", got, central_difference(loss, x))
 

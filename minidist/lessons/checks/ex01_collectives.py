@@ -1,20 +1,40 @@
 """Checks for lessons/exercises/01_collectives.py, run on every rank under mpirun.
 
 Every rank builds every rank's input from a fixed seed, so the expected answer is one
-process's NumPy computation, with no messages. Each check runs on its own duplicate of
-COMM_WORLD: messages a broken ring left behind in one check can never be received by
-the next. After each call the ranks agree (MPI's own Allgather) on whether all were
-right, so a wrong answer on one rank fails the check on every rank at once, with the
-first failing rank's message, instead of leaving the others waiting.
+process's NumPy computation, with no messages. The student's function gets a
+CountingComm (minidist/lessons/checks/counting.py): point-to-point only, so a call of
+comm.Allreduce (or any collective) fails with "use Send/Recv/Sendrecv: this exercise
+builds the collective itself"; and counted, so each call is held to the ring's bytes:
+
+    ring reduce-scatter   sends every chunk but one          (N-1)/N M
+    ring all-gather       sends every piece but one          (N-1)/N M  (+ the lengths)
+    ring all-reduce       both                              2(N-1)/N M  (+ the lengths)
+
+M the array's bytes. When the length does not divide by N the chunks differ by one row,
+so the bytes may differ from the formula by at most one row per chunk. The all-gather's
+pieces have lengths each rank must learn first, point-to-point too: those few integers
+are allowed for, up to N int64 per rank per step (8 N (N-1) bytes), so an extra ring step
+shows in the bytes only when a piece is larger than that (the large case makes sure).
+
+Besides small and odd shapes, each check has one large case, a few hundred KiB per
+chunk: above MPI's eager limit a Send waits for its matching receive, so a ring whose
+ranks all Send before they Recv deadlocks here (with tiny arrays it would pass).
+
+A check raises on the rank that sees the problem; the grader agrees the verdicts of all
+ranks and stops the ones left waiting (minidist/grade.py).
 """
+import hashlib
+
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import collectives
-from minidist.lessons.checks import Exercise
+from minidist.lessons.checks import Exercise, own_session
 
-MSG_BYTES = 400
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"
+BIG = 40_000          # elements per chunk in the large case: 320 KB of float64, above the eager limit
+MIN_RANKS = 3         # at 2 ranks the left and right neighbours are the same rank
 
 
 def _inputs(size, shape, dtype, seed):
@@ -55,28 +75,48 @@ def _problem(got, want, what):
     return None if ok else f"{what}: got {_short(got)}, expected {_short(want)}"
 
 
-def _all_agree(comm, problem):
-    """Every rank raises AssertionError with the first failing rank's sentence, or none does."""
-    flags = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather(np.array([problem is not None], np.int64), flags)
-    if not flags.any():
-        return
-    first = int(np.argmax(flags))
-    buf = np.zeros(MSG_BYTES, np.uint8)
-    if comm.Get_rank() == first:
-        raw = problem.encode("utf-8", "replace")[:MSG_BYTES]
-        buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-    comm.Bcast(buf, root=first)
-    raise AssertionError(bytes(buf).rstrip(b"\0").decode("utf-8", "replace"))
+def _digest(a):
+    """8 bytes that differ when two arrays' bits differ."""
+    raw = np.ascontiguousarray(a).tobytes()
+    return np.frombuffer(hashlib.blake2b(raw, digest_size=8).digest(), np.uint64).copy()
 
 
-def _run(check):
-    """Run check(comm) on a fresh duplicate of COMM_WORLD, freed afterwards."""
-    comm = MPI.COMM_WORLD.Dup()
+def _call(session, fn, *args, **kwargs):
+    """fn(counting comm, *args): (result, the comm with its counts); MPI's errors in words."""
+    comm = session.counting(REFUSE)
     try:
-        check(comm)
-    finally:
-        comm.Free()
+        out = fn(comm, *args, **kwargs)
+    except MPI.Exception as e:
+        if e.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        raise AssertionError(f"at step {comm.receives - 1} or before, rank {comm.Get_rank()} received a "
+                             "message longer than its receive buffer (MPI: Message truncated): the ranks "
+                             "disagree on a chunk's length: check which chunk you send") from None
+    problem = comm.refused or comm.truncated
+    if problem:
+        raise AssertionError(problem)
+    return out, comm
+
+
+def _bytes_problem(comm, chunks, phases, what, lengths_allowed=0):
+    """None when this rank sent what `phases` ring phases send, else a sentence.
+
+    chunks: the bytes of the N chunks; a phase sends all of them but one.
+    """
+    n, r = comm.Get_size(), comm.Get_rank()
+    total = sum(chunks)
+    lo = phases * (total - max(chunks))
+    hi = phases * (total - min(chunks)) + lengths_allowed
+    sent = comm.bytes_sent
+    if lo <= sent <= hi:
+        return None
+    share = f"{phases * (n - 1)}/{n}" if phases > 1 else f"{n - 1}/{n}"
+    want = f"{lo} bytes" if lo == hi else f"{lo} to {hi} bytes"
+    hint = ("nothing went through the communicator it was given" if sent == 0 else
+            "one ring step too many? each phase has N-1 steps, one chunk each" if sent > hi else
+            "a step missing?")
+    return (f"rank {r} sent {sent} bytes in {comm.messages_sent} messages for {what}; the ring sends "
+            f"{share} of the array's {total} bytes, {want} ({hint})")
 
 
 def _unchanged(x, before, name, rank):
@@ -86,66 +126,83 @@ def _unchanged(x, before, name, rank):
 CASES = [((7,), 0), ((1,), 0), ((0,), 0), ((12,), 0), ((5, 3), 0), ((3, 5), 1), ((2, 3, 7), 2), ((4, 2), -1)]
 
 
-def check_ring_reduce_scatter(fn):
-    def check(comm):
-        n, r = comm.Get_size(), comm.Get_rank()
-        for dtype in (np.float64, np.float32, np.int64):
-            for shape, axis in CASES:
-                ops = ("sum", "avg", "max") if np.issubdtype(dtype, np.floating) else ("sum", "max")
-                for op in ops:
-                    xs = _inputs(n, shape, dtype, seed=1)
-                    before = xs[r].copy()
-                    want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
-                    got = fn(comm, xs[r], op=op, axis=axis)
-                    what = (f"rank {r} got for chunk {r} (x of shape {shape}, {np.dtype(dtype).name}, "
-                            f"axis {axis}, op {op!r})")
-                    _all_agree(comm, _problem(got, want, what) or
-                               _unchanged(xs[r], before, "ring_reduce_scatter", r))
-    _run(check)
+def _row_bytes(shape, axis, dtype):
+    others = [d for i, d in enumerate(shape) if i != axis % len(shape)]
+    return int(np.prod(others, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def check_ring_all_gather(fn):
-    def check(comm):
-        n, r = comm.Get_size(), comm.Get_rank()
-        for dtype in (np.float64, np.int32):
-            for shape, axis in CASES:
-                whole = _inputs(1, tuple(s * n + 1 for s in shape), dtype, seed=2)[0]
-                index = tuple(slice(None) if i == axis % len(shape) else slice(0, s)
-                              for i, s in enumerate(shape))
-                pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
-                before = pieces[r].copy()
-                want = np.concatenate(pieces, axis=axis)
-                got = fn(comm, pieces[r], axis=axis)
-                what = (f"rank {r} got for the joined pieces (piece lengths "
-                        f"{[p.shape[axis] for p in pieces]} along axis {axis}, {np.dtype(dtype).name})")
-                _all_agree(comm, _problem(got, want, what) or _unchanged(pieces[r], before, "ring_all_gather", r))
-    _run(check)
+def check_ring_reduce_scatter(fn, session=None):
+    with own_session(session) as s:
+        n, r = s.size(), s.rank()
+        cases = [(dtype, shape, axis, op) for dtype in (np.float64, np.float32, np.int64)
+                 for shape, axis in CASES
+                 for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
+        cases.append((np.float64, (BIG * n + 1,), 0, "sum"))     # large: a Send waits for its Recv
+        for dtype, shape, axis, op in cases:
+            xs = _inputs(n, shape, dtype, seed=1)
+            before = xs[r].copy()
+            want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
+            got, comm = _call(s, fn, xs[r], op=op, axis=axis)
+            what = f"x of shape {shape}, {np.dtype(dtype).name}, axis {axis}, op {op!r}"
+            chunks = [len(c) * _row_bytes(shape, axis, dtype)
+                      for c in np.array_split(np.arange(shape[axis]), n)]
+            problem = (_problem(got, want, f"rank {r} got for chunk {r} ({what})")
+                       or _unchanged(xs[r], before, "ring_reduce_scatter", r)
+                       or _bytes_problem(comm, chunks, 1, what))
+            if problem:
+                raise AssertionError(problem)
 
 
-def check_ring_all_reduce(fn):
-    def check(comm):
-        n, r = comm.Get_size(), comm.Get_rank()
-        for dtype in (np.float64, np.float32, np.int64):
-            for shape in [(0,), (1,), (n - 1 or 1,), (3 * n + 2,), (2, 5), (3, 1, 4), ()]:
-                ops = ("sum", "avg", "max") if np.issubdtype(dtype, np.floating) else ("sum", "max")
-                for op in ops:
-                    xs = _inputs(n, shape, dtype, seed=3)
-                    before = xs[r].copy()
-                    want = _reduce(xs, op).astype(dtype)
-                    got = fn(comm, xs[r], op=op)
-                    what = f"rank {r} got for x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
-                    _all_agree(comm, _problem(got, want, what) or _unchanged(xs[r], before, "ring_all_reduce", r))
-                    if want.size:  # all ranks passed: now every rank must hold the very same bits
-                        mine = np.ascontiguousarray(got, dtype=want.dtype)   # (data parallelism relies on it)
-                        everyone = np.empty((n,) + mine.shape, mine.dtype)
-                        comm.Allgather(mine, everyone)
-                        same = all(np.array_equal(e, mine) for e in everyone)
-                        _all_agree(comm, None if same else f"{what}: ranks hold different results; all must be identical")
-    _run(check)
+def check_ring_all_gather(fn, session=None):
+    with own_session(session) as s:
+        n, r = s.size(), s.rank()
+        cases = [(dtype, shape, axis) for dtype in (np.float64, np.int32) for shape, axis in CASES]
+        cases.append((np.float64, (BIG,), 0))                     # large pieces: above the eager limit
+        for dtype, shape, axis in cases:
+            whole = _inputs(1, tuple(d * n + 1 for d in shape), dtype, seed=2)[0]
+            index = tuple(slice(None) if i == axis % len(shape) else slice(0, d) for i, d in enumerate(shape))
+            pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
+            before = pieces[r].copy()
+            want = np.concatenate(pieces, axis=axis)
+            got, comm = _call(s, fn, pieces[r], axis=axis)
+            lengths = [p.shape[axis] for p in pieces]
+            what = f"piece lengths {lengths} along axis {axis}, {np.dtype(dtype).name}"
+            chunks = [p.nbytes for p in pieces]
+            problem = (_problem(got, want, f"rank {r} got for the joined pieces ({what})")
+                       or _unchanged(pieces[r], before, "ring_all_gather", r)
+                       or _bytes_problem(comm, chunks, 1, what, lengths_allowed=8 * n * (n - 1)))
+            if problem:
+                raise AssertionError(problem)
+
+
+def check_ring_all_reduce(fn, session=None):
+    with own_session(session) as s:
+        n, r = s.size(), s.rank()
+        shapes = [(0,), (1,), (n - 1 or 1,), (3 * n + 2,), (2, 5), (3, 1, 4), ()]
+        cases = [(dtype, shape, op) for dtype in (np.float64, np.float32, np.int64) for shape in shapes
+                 for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
+        cases.append((np.float64, (BIG * n + 2,), "sum"))
+        for dtype, shape, op in cases:
+            xs = _inputs(n, shape, dtype, seed=3)
+            before = xs[r].copy()
+            want = _reduce(xs, op).astype(dtype)
+            got, comm = _call(s, fn, xs[r], op=op)
+            what = f"x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
+            size = int(np.prod(shape, dtype=np.int64))
+            chunks = [len(c) * np.dtype(dtype).itemsize for c in np.array_split(np.arange(size), n)]
+            problem = (_problem(got, want, f"rank {r} got for {what}")
+                       or _unchanged(xs[r], before, "ring_all_reduce", r)
+                       or _bytes_problem(comm, chunks, 2, what, lengths_allowed=8 * n * (n - 1)))
+            if problem:
+                raise AssertionError(problem)
+            # every rank must hold the very same bits (data parallelism relies on it)
+            digests = s.allgather(_digest(np.asarray(got, dtype)), np.empty((n, 1), np.uint64))
+            if not (digests == digests[0]).all():
+                raise AssertionError(f"{what}: ranks hold different results; all must be identical")
 
 
 EXERCISES = [
-    Exercise("1.1", "ring_reduce_scatter", collectives.ring_reduce_scatter, check_ring_reduce_scatter),
-    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather),
-    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce),
+    Exercise("1.1", "ring_reduce_scatter", collectives.ring_reduce_scatter, check_ring_reduce_scatter, MIN_RANKS),
+    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather, MIN_RANKS),
+    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce, MIN_RANKS),
 ]

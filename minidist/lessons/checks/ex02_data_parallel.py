@@ -1,46 +1,58 @@
-"""Checks for lessons/exercises/02_data_parallel.py, run on every rank under mpirun."""
+"""Checks for lessons/exercises/02_data_parallel.py, run on every rank under mpirun.
+
+average_gradients gets a CountingComm (minidist/lessons/checks/counting.py), which
+refuses MPI's collectives: the mean must go through minidist's own ring_all_reduce
+(which the check also sees in minidist.comm.stats). Every rank's gradients come from a
+seed of that rank, so each rank computes the expected mean alone, with no messages; a
+check raises on the rank that sees the problem, and the grader agrees the verdicts.
+"""
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.lessons.checks import Exercise
+from minidist.lessons.checks import Exercise, own_session
 from minidist.parallel import data_parallel
 
 SHAPES = [(3, 4), (5,), (2, 2, 2), (1,), (0,), (7, 3)]
+REFUSE = "use ring_all_reduce(comm, g, op=\"sum\"): this exercise averages with minidist's own ring"
 
 
-def check_average_gradients(fn):
-    comm = MPI.COMM_WORLD.Dup()  # a communicator of its own: nothing left over from other checks
-    rank, n = comm.Get_rank(), comm.Get_size()
+def _grads(rank):
     rng = np.random.default_rng(100 + rank)  # every rank has its own gradients
-    grads = [rng.standard_normal(s) for s in SHAPES]
-    before = [g.copy() for g in grads]
-    expected = []
-    for g in grads:  # the referee: MPI's own all-reduce, done before the student's code runs
-        total = np.empty_like(g)
-        comm.Allreduce(g, total, op=MPI.SUM)
-        expected.append(total / n)
-    with stats.measure() as m:
-        out = fn(comm, grads)
-    # from here on no more messages: a wrong answer on one rank raises on that rank only
-    if not isinstance(out, (list, tuple)) or len(out) != len(grads):
-        raise AssertionError(f"expected a list of {len(grads)} arrays, got {type(out).__name__}"
-                             + (f" of length {len(out)}" if hasattr(out, "__len__") else ""))
-    for i, (g, b) in enumerate(zip(grads, before)):
-        if not np.array_equal(g, b):
-            raise AssertionError(f"rank {rank}: input gradient {i} was changed; return new arrays")
-    for i, (g, got, want) in enumerate(zip(grads, out, expected)):
-        got = np.asarray(got)
-        if got.shape != g.shape:
-            raise AssertionError(f"rank {rank}: gradient {i} has shape {got.shape}, expected {g.shape}")
-        if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
-            j = np.unravel_index(np.argmax(np.abs(got - want)), g.shape)
-            raise AssertionError(f"rank {rank}: gradient {i}{list(map(int, j))} is {got[j]:.6f}, expected the "
-                                 f"mean over {n} ranks {want[j]:.6f}"
-                                 + (" (the sum: did you divide by N?)" if np.isclose(got[j], want[j] * n) else ""))
-    if n > 1 and m.bytes_sent("all_reduce") == 0:
-        raise AssertionError("no bytes went through minidist's ring all-reduce; use ring_all_reduce")
-    comm.Free()
+    return [rng.standard_normal(s) for s in SHAPES]
+
+
+def check_average_gradients(fn, session=None):
+    with own_session(session) as s:
+        rank, n = s.rank(), s.size()
+        grads = _grads(rank)
+        before = [g.copy() for g in grads]
+        everyone = [_grads(k) for k in range(n)]
+        expected = [sum(gs[i] for gs in everyone) / n for i in range(len(SHAPES))]
+        comm = s.counting(REFUSE)
+        with stats.measure() as m:
+            out = fn(comm, grads)
+        if comm.refused:
+            raise AssertionError(comm.refused)
+        if not isinstance(out, (list, tuple)) or len(out) != len(grads):
+            raise AssertionError(f"rank {rank}: expected a list of {len(grads)} arrays, got {type(out).__name__}"
+                                 + (f" of length {len(out)}" if hasattr(out, "__len__") else ""))
+        for i, (g, b) in enumerate(zip(grads, before)):
+            if not np.array_equal(g, b):
+                raise AssertionError(f"rank {rank}: input gradient {i} was changed (g /= N changes the "
+                                     "caller's array); return new arrays")
+        for i, (g, got, want) in enumerate(zip(grads, out, expected)):
+            got = np.asarray(got)
+            if got.shape != g.shape:
+                raise AssertionError(f"rank {rank}: gradient {i} has shape {got.shape}, expected {g.shape}")
+            if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
+                j = np.unravel_index(np.argmax(np.abs(got - want)), g.shape)
+                hint = (" (the sum: did you divide by N?)" if np.isclose(got[j], want[j] * n) else
+                        " (this rank's own gradient: no message went out?)" if np.isclose(got[j], g[j]) else "")
+                raise AssertionError(f"rank {rank}: gradient {i}{list(map(int, j))} is {got[j]:.6f}, expected "
+                                     f"the mean over {n} ranks {want[j]:.6f}{hint}")
+        if n > 1 and m.bytes_sent("all_reduce") == 0:
+            raise AssertionError(f"rank {rank}: no bytes went through minidist's ring all-reduce; use ring_all_reduce")
 
 
 def _buckets(nbytes, cap):
@@ -67,6 +79,6 @@ def check_assign_buckets(fn):
 
 
 EXERCISES = [
-    Exercise("2.1", "average_gradients", data_parallel.average_gradients, check_average_gradients),
+    Exercise("2.1", "average_gradients", data_parallel.average_gradients, check_average_gradients, 3),
     Exercise("2.2", "assign_buckets", data_parallel.assign_buckets, check_assign_buckets),
 ]
