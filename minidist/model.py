@@ -5,6 +5,12 @@
 Classes in dependency order: CausalSelfAttention, MLP, Block, GPTConfig, GPT. Every
 Linear computes x @ W + b with W of shape (in, out), the transpose of PyTorch's weight.
 The output head is tied to the token embedding: logits = x @ wte.T.
+
+Generation keeps a key/value cache (`KVCache`, `generate_greedy`): a causal model's keys
+and values of past positions never change, so each new token feeds only itself through
+the model and attends to the cached ones, one position's compute per token instead of
+the whole prefix's. minidist/parallel/tp_model.py reuses the cache, one per rank for its
+own heads.
 """
 import math
 from dataclasses import dataclass
@@ -12,11 +18,101 @@ from dataclasses import dataclass
 import numpy
 
 from minidist import ops
-from minidist.backend import dtype_of, xp
+from minidist.backend import dtype_of, to_numpy, xp
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
 from minidist.optim import AdamW
 from minidist.rng import DropoutRNG
-from minidist.tensor import no_grad
+from minidist.tensor import Tensor, is_grad_enabled, no_grad
+
+# ----------------------------------------------------------------------------- the KV cache
+
+
+def cached_attention(q, k, v, first):
+    """Causal attention of queries at positions first, first+1, ... over keys 0..Tk-1.
+
+    q (B, nh, Tq, hs), k and v (B, nh, Tk, hs) arrays with Tk = first + Tq: query i may
+    see keys up to position first + i. The same steps as fused.CausalAttention's forward
+    (which is the case first = 0), without saving anything: generation has no backward.
+    """
+    Tq, Tk, hs = q.shape[-2], k.shape[-2], q.shape[-1]
+    att = (q * (1.0 / math.sqrt(hs))) @ k.swapaxes(-1, -2)            # (B, nh, Tq, Tk)
+    att += xp.triu(xp.full((Tq, Tk), -xp.inf, dtype=att.dtype), k=first + 1)
+    att -= att.max(axis=-1, keepdims=True)
+    xp.exp(att, out=att)
+    att /= att.sum(axis=-1, keepdims=True)
+    return att @ v                                                    # (B, nh, Tq, hs)
+
+
+class LayerKV:
+    """One layer's keys and values so far: (B, nh, capacity, hs) buffers, `length` filled.
+
+    Allocated once for the whole block (as inference engines do), on the first call,
+    when the batch and the number of heads (all of them, or one rank's) are known.
+    """
+
+    def __init__(self, capacity):
+        self.capacity, self.length, self.k, self.v = capacity, 0, None, None
+
+    def attend(self, q, k, v):
+        """Append the new positions' k, v (B, nh, Tn, hs); attend q to every cached position."""
+        lo, hi = self.length, self.length + k.shape[2]
+        if hi > self.capacity:
+            raise ValueError(f"the KV cache holds {self.capacity} positions; {hi} asked")
+        if self.k is None:
+            shape = k.shape[:2] + (self.capacity,) + k.shape[3:]
+            self.k, self.v = xp.empty(shape, k.dtype), xp.empty(shape, v.dtype)
+        self.k[:, :, lo:hi], self.v[:, :, lo:hi] = k, v
+        self.length = hi
+        return cached_attention(q, self.k[:, :, :hi], self.v[:, :, :hi], lo)
+
+
+class KVCache:
+    """Keys and values of every position seen so far, one LayerKV per layer.
+
+    Memory: 2 x n_layer x B x block_size x n_embd numbers (per rank under tensor
+    parallelism: its heads only, 1/t of that).
+    """
+
+    def __init__(self, n_layer, capacity):
+        self.layers = [LayerKV(capacity) for _ in range(n_layer)]
+
+    @property
+    def length(self):
+        return self.layers[0].length
+
+    def nbytes(self):
+        return sum(a.nbytes for lk in self.layers for a in (lk.k, lk.v) if a is not None)
+
+
+def generate_greedy(model, idx, max_new_tokens, use_cache=True):
+    """Greedy decoding: append the most likely token max_new_tokens times.
+
+    Returns (idx (B, T + max_new_tokens), [the last position's logits of each step]).
+    model: a GPT or a tensor-parallel GPT (anything with forward(idx, cache=), new_cache()
+    and greedy_token(logits)). With the cache, the first step feeds the prompt and every
+    later step only the token just chosen. Past block_size tokens nanoGPT crops the
+    context to the last block_size, which shifts every position: nothing cached is valid
+    any more, so from there each step runs the cropped window whole, as without a cache.
+    """
+    idx = numpy.asarray(idx)
+    bs, steps = model.config.block_size, []
+    was_training = model.training
+    model.eval()
+    with no_grad():
+        cache = model.new_cache() if use_cache else None
+        for _ in range(max_new_tokens):
+            if cache is not None and idx.shape[1] > bs:
+                cache = None                                            # past the block: recompute
+            x = idx[:, cache.length:] if cache is not None else idx[:, -bs:]
+            logits, _ = model(x, cache=cache)
+            last = logits.data[:, -1, :]                                # (B, vocab) or my columns
+            steps.append(last)
+            nxt = numpy.asarray(to_numpy(model.greedy_token(last)), dtype=idx.dtype)
+            idx = numpy.concatenate([idx, nxt[:, None]], axis=1)
+    model.train(was_training)
+    return idx, steps
+
+# ----------------------------------------------------------------------------- the GPT
 
 
 class CausalSelfAttention(Module):
@@ -26,15 +122,18 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
 
-    def forward(self, x, rng=None):
+    def forward(self, x, rng=None, cache=None):
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
         q, k, v = ops.split(self.c_attn(x), self.n_embd, axis=2)     # 3 x (B, T, C)
         q = q.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
         k = k.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
         v = v.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
-        p = self.dropout if self.training else 0.0
-        y = ops.causal_attention(q, k, v, dropout_p=p, rng=rng)        # (B, nh, T, hs)
+        if cache is not None:                                          # generation: attend to the past too
+            y = Tensor(cache.attend(q.data, k.data, v.data))           # (B, nh, T, hs)
+        else:
+            p = self.dropout if self.training else 0.0
+            y = ops.causal_attention(q, k, v, dropout_p=p, rng=rng)    # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)                         # (B, T, C)
         return self.resid_dropout(self.c_proj(y), rng)
 
@@ -56,8 +155,8 @@ class Block(Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype)
         self.mlp = MLP(config)
 
-    def forward(self, x, rng=None):
-        x = x + self.attn(self.ln_1(x), rng)
+    def forward(self, x, rng=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rng, cache)
         x = x + self.mlp(self.ln_2(x), rng)
         return x
 
@@ -119,21 +218,24 @@ class GPT(Module):
         n = sum(p.size for p in self.parameters())
         return n - self.transformer.wpe.weight.size if non_embedding else n
 
-    def forward(self, idx, targets=None, rng=None):
-        """idx (B, T) ints -> logits (B, T, vocab) and the mean cross-entropy (or None)."""
+    def forward(self, idx, targets=None, rng=None, cache=None):
+        """idx (B, T) ints -> logits (B, T, vocab) and the mean cross-entropy (or None).
+
+        cache: a KVCache (generation, under no_grad): idx holds the positions after the
+        cached ones, which it attends to as well.
+        """
         idx = xp.asarray(idx)
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
+        first = check_positions(self, T, cache)
         if rng is None and self.training and self.config.dropout > 0:
             rng = DropoutRNG(self.seed, self._calls, range(B))         # deterministic repeats
             self._calls += 1
         tr = self.transformer
         tok_emb = tr.wte(idx)                                           # (B, T, C)
-        pos_emb = tr.wpe(xp.arange(T))                                  # (T, C)
+        pos_emb = tr.wpe(xp.arange(first, first + T))                  # (T, C)
         x = tr.drop(tok_emb + pos_emb, rng)
-        for block in tr.h:
-            x = block(x, rng)
+        for i, block in enumerate(tr.h):
+            x = block(x, rng, None if cache is None else cache.layers[i])
         x = tr.ln_f(x)
         logits = x @ tr.wte.weight.T                                    # (B, T, vocab)
         loss = ops.cross_entropy(logits, xp.asarray(targets)) if targets is not None else None
@@ -145,6 +247,13 @@ class GPT(Module):
         groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
         return AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+    def new_cache(self):
+        return KVCache(self.config.n_layer, self.config.block_size)
+
+    def greedy_token(self, logits):
+        """The id of each row's largest logit (the first, on a tie): (B, vocab) -> (B,)."""
+        return xp.argmax(logits, axis=-1)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
         """Append max_new_tokens sampled tokens to idx (B, T); rng a numpy Generator."""
@@ -166,3 +275,13 @@ class GPT(Module):
                 idx = numpy.concatenate([idx, nxt], axis=1)
         self.train(was_training)
         return idx
+
+
+def check_positions(model, T, cache):
+    """The position of idx's first token (after the cached ones); refuses what cannot run."""
+    first = 0 if cache is None else cache.length
+    if first + T > model.config.block_size:
+        raise ValueError(f"sequence of length {first + T} is longer than block_size {model.config.block_size}")
+    if cache is not None and is_grad_enabled():
+        raise RuntimeError("a KV cache is for generation: run the model under no_grad()")
+    return first
