@@ -1,0 +1,133 @@
+"""Wrong answers students really write FAIL under mpirun, quickly and in words, never hang.
+
+Each file in tests/planted/ plants one bug (its docstring says which) beside the package's
+own answers for the other functions, which must still PASS: a stopped or deadlocked check
+must not spoil the next one. The grader runs as a class would run it: one mpirun, a folder
+of files, --json; every row's seconds are bounded by the check's timeout. A concrete
+failure (an exception on one rank, a wrong value, a refused collective) must be agreed
+well before the timeout; a deadlock may take the timeout, plus the moment to free it.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = ROOT / "tests" / "planted"
+MPIRUN = Path(sys.executable).with_name("mpirun")
+FREE_S = 4.0      # after a time-out: stopping the threads, draining, agreeing (GRACE_S + polls)
+
+pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+
+# file -> {exercise: words its FAIL message must hold}; every other exercise must PASS
+CONCRETE_01 = {
+    "01_good_student.py": {},
+    "01_calls_allreduce.py": {"1.3": "called comm.Allreduce: use Send/Recv/Sendrecv: this exercise builds"},
+    "01_chunk_off_by_one.py": {"1.1": "received 3 elements from rank 0 where the ring sends 2"},
+    "01_extra_step.py": {"1.2": "one ring step too many"},
+    "01_in_place.py": {"1.3": "changed its input"},
+    "01_raises_on_rank1.py": {"1.2": "rank 1: IndexError: list index out of range (at line 11 of"},
+}
+DEADLOCKS_01 = {
+    "01_send_before_recv.py": {"1.1": "rank 0 waiting in Send to rank 1"},
+    "01_wrong_neighbour.py": {"1.1": "receiving from rank 1 at step 0"},
+    "01_waitall_wrong_source.py": {"1.2": "waiting with the Irecv from rank 1 of step 0 not received"},
+}
+ALL_02 = {
+    "02_good_student.py": {},
+    "02_no_divide.py": {"2.1": "did you divide by N?", "2.2": "got [[3], [2, 1, 0]]"},
+    "02_divide_in_place.py": {"2.1": "input gradient 0 was changed", "2.2": "got [[0, 1], [2, 3]]"},
+    "02_mpi_allreduce.py": {"2.1": "called comm.Allreduce: use ring_all_reduce", "2.2": "expected [[3], [2, 1], [0]]"},
+    "02_hard_coded_n.py": {"2.1": "rank 2: gradient 0", "2.2": "did not finish within"},
+}
+
+
+def grade(ranks, files, exercise, timeout, tmp_path, *extra):
+    out = tmp_path / "out.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([str(MPIRUN), "-n", str(ranks), sys.executable, "-m", "minidist.grade",
+                           "--exercise", exercise, "--timeout", str(timeout), "--json", str(out), *extra,
+                           *map(str, files)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def assert_rows(proc, run, expected, timeout, deadlock):
+    text = proc.stdout + proc.stderr
+    assert run is not None, text
+    assert "BAD TERMINATION" not in text and "aborting" not in text, text
+    assert proc.returncode == run["exit_code"] == (0 if not any(expected.values()) else 1), text
+    seen = set()
+    for row in run["results"]:
+        name = Path(row["file"]).name
+        want = expected[name].get(row["exercise"])
+        seen.add(name)
+        assert row["seconds"] <= timeout + FREE_S, row
+        if want is None:
+            assert row["verdict"] == "PASS", row
+            continue
+        assert row["verdict"] == "FAIL" and want in row["message"], row
+        if deadlock and "did not finish" in want + row["message"]:
+            assert "did not finish within" in row["message"], row
+        else:     # concrete: agreed at once, not after the time limit
+            assert "did not finish" not in row["message"] and row["seconds"] < timeout, row
+    assert seen == set(expected)
+
+
+def test_planted_01_concrete_bugs_fail_at_once(tmp_path):
+    timeout = 30
+    proc, run = grade(3, [PLANTED / f for f in CONCRETE_01], "01", timeout, tmp_path)
+    assert_rows(proc, run, CONCRETE_01, timeout, deadlock=False)
+
+
+def test_planted_01_deadlocks_fail_within_the_timeout_naming_every_rank(tmp_path):
+    timeout = 4
+    proc, run = grade(3, [PLANTED / f for f in DEADLOCKS_01], "01", timeout, tmp_path)
+    assert_rows(proc, run, {f: {k: "did not finish" for k in v} for f, v in DEADLOCKS_01.items()},
+                timeout, deadlock=True)
+    for row in run["results"]:
+        want = DEADLOCKS_01[Path(row["file"]).name].get(row["exercise"])
+        if want:
+            assert want in row["message"] and "ranks 0, 1, 2 of 3 did not finish" in row["message"], row
+            assert "deadlock?" in row["message"], row
+
+
+def test_planted_02_bugs_fail(tmp_path):
+    timeout = 4
+    proc, run = grade(3, [PLANTED / f for f in ALL_02], "02", timeout, tmp_path)
+    assert_rows(proc, run, ALL_02, timeout, deadlock=True)
+    loop = next(r for r in run["results"] if r["file"].endswith("02_hard_coded_n.py") and r["exercise"] == "2.2")
+    assert "deadlock" not in loop["message"] and "endless loop" in loop["message"], loop
+
+
+def test_a_class_of_two_at_4_ranks_into_one_json(tmp_path):
+    """The acceptance: mpirun -n 4 python -m minidist.grade --exercise 01 --json out.json A.py B.py"""
+    a, b = tmp_path / "A.py", tmp_path / "B.py"
+    a.write_text((PLANTED / "01_good_student.py").read_text())
+    b.write_text((PLANTED / "01_in_place.py").read_text())
+    proc, run = grade(4, [a, b], "01", 30, tmp_path)
+    assert run["ranks"] == 4 and len(run["results"]) == 6, proc.stdout + proc.stderr
+    assert [(Path(r["file"]).name, r["verdict"]) for r in run["results"]] == [
+        ("A.py", "PASS"), ("A.py", "PASS"), ("A.py", "PASS"), ("B.py", "PASS"), ("B.py", "PASS"), ("B.py", "FAIL")]
+    assert proc.returncode == 1 and proc.stdout.count("B.py  FAIL  1.3") == 1, proc.stdout
+
+
+def test_below_3_ranks_multi_rank_exercises_fail_and_say_so(tmp_path):
+    proc, run = grade(2, [PLANTED / "02_good_student.py"], "02", 30, tmp_path)
+    v = {r["exercise"]: r for r in run["results"]}
+    assert v["2.1"]["verdict"] == "FAIL" and "needs at least 3 ranks, graded on 2" in v["2.1"]["message"]
+    assert v["2.2"]["verdict"] == "PASS" and proc.returncode == 1
+
+
+def test_bad_flags_under_mpirun_are_one_line_once_and_exit_2():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for args in (["--only", "7.7", "--"], ["--timeout", "0"]):
+        proc = subprocess.run([str(MPIRUN), "-n", "3", sys.executable, "-m", "minidist.grade", *args,
+                               str(PLANTED / "01_good_student.py")],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+        assert len(lines) == 1 and "error:" in lines[0], lines
+        assert "might wait" not in proc.stderr
