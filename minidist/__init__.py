@@ -2,8 +2,9 @@
 
 Importing the package installs the fail-fast hooks (minidist/failfast.py): under
 mpirun, an uncaught exception on any rank ends the whole job with its traceback shown,
-instead of leaving the other ranks waiting forever. It imports nothing heavy, not even
-mpi4py.
+and every exit is agreed with a bounded wait (MINIDIST_EXIT_TIMEOUT, default 10 s), instead
+of leaving the other ranks waiting forever. It imports nothing heavy, not even mpi4py.
+Importing minidist.comm also starts the watchdog (MINIDIST_TIMEOUT, default 300 s).
 
 More ranks than cores (8 on a 2-core laptop): a waiting MPICH rank busy-polls, but it
 yields the CPU every 1000 polls, so 8 ranks do not crawl here (the MPI test suite: 4
