@@ -116,11 +116,19 @@ class AdamW(Optimizer):
                 p.data -= tmp
 
 
-def clip_grad_norm(params, max_norm):
+def grad_norm_sq(params):
+    """The squared L2 norm of the gradients these parameters hold, all of them together."""
+    return sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in params if p.grad is not None)
+
+
+def clip_grad_norm(params, max_norm, norm_sq=None):
     """Scale all gradients in place so their global L2 norm is at most max_norm.
-    Returns the norm before clipping (a float)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    total = math.sqrt(sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads))
+    Returns the norm before clipping (a float).
+
+    norm_sq: the squared norm of the whole model's gradient when these parameters are
+    only part of it (a tensor-parallel shard: tp_model.TensorParallelSync.grad_norm_sq);
+    by default the norm of these gradients."""
+    total = math.sqrt(grad_norm_sq(params) if norm_sq is None else norm_sq)
     if total > max_norm:
         scale = max_norm / (total + 1e-6)
         for p in params:

@@ -75,7 +75,10 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     = 1/k so the accumulated gradient is the gradient of the mean loss. dp: a gradient
     synchroniser (see minidist/parallel/data_parallel.py): each backward runs inside
     dp.backward_context(last), where it may communicate, and dp.sync() runs after the
-    last one, before clipping.
+    last one, before clipping. Clipping needs the norm of the whole model's gradient: a
+    dp that holds only part of it (tensor parallelism's shards) has grad_norm_sq(params)
+    to supply it; otherwise the norm of the local gradients is the whole one (every
+    data-parallel replica holds the same gradients after sync).
 
     raw_grads: a dict to fill with a copy of every parameter's gradient as it stands
     after dp.sync() and before clipping and the optimizer ({name: array}, None for a
@@ -97,7 +100,10 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     if raw_grads is not None:
         for name, p in model.named_parameters():
             raw_grads[name] = None if p.grad is None else xp.array(p.grad)   # a copy
-    norm = clip_grad_norm(params, grad_clip) if grad_clip else None
+    norm = None
+    if grad_clip:       # the norm of the whole model: a sharded model's dp slot supplies it
+        norm_sq = dp.grad_norm_sq(params) if hasattr(dp, "grad_norm_sq") else None
+        norm = clip_grad_norm(params, grad_clip, norm_sq)
     optimizer.set_lr(lr)
     optimizer.step()
     return total, norm

@@ -16,10 +16,11 @@ from mpi4py import MPI
 from minidist import ops
 from minidist.comm import chunk_bounds
 from minidist.model import GPT, GPTConfig
-from minidist.parallel import tensor_parallel as tpm
-from minidist.parallel.tensor_parallel import (Shard, TensorParallelGPT, TPError, check_sharded, padded_vocab,
-                                               ring_all_gather_sent, ring_all_reduce_sent,
-                                               ring_reduce_scatter_sent, shard, shard_specs, unshard, vocab_range)
+from minidist.parallel import tensor_parallel as tpm, tp_model
+from minidist.parallel.tensor_parallel import padded_vocab, vocab_range
+from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_all_reduce_sent, ring_reduce_scatter_sent
+from minidist.parallel.tp_model import (Shard, TensorParallelGPT, TPError, check_sharded, shard, shard_specs,
+                                        unshard)
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 
@@ -58,7 +59,7 @@ def test_shards_put_back_give_the_whole(what, t):
     spec = make(t)
     full = np.random.default_rng(0).standard_normal(shape)
     pieces = [shard(full, spec, r, t) for r in range(t)]
-    assert all(p.shape == tpm.shard_shape(full.shape, spec, t) for p in pieces), f"{what}: shard shapes"
+    assert all(p.shape == tp_model.shard_shape(full.shape, spec, t) for p in pieces), f"{what}: shard shapes"
     assert np.array_equal(unshard(pieces, spec), full), f"{what} at t={t}: gathering changed the array"
 
 

@@ -4,14 +4,18 @@ a tensor-parallel group (Megatron-LM); the run must equal one process training t
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel
     mpirun -n 4 python -m minidist.lessons.03_tensor_parallel --sequence-parallel
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --tp 4 --dropout 0.1
+    mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --generate 32
     mpirun -n 2 python -m minidist.lessons.03_tensor_parallel --dtype float32 --json out.json
 
 Every rank builds the same single-process GPT from the seed and keeps its shards
-(minidist/parallel/tensor_parallel.py); with --tp smaller than the world, the other
-factor is data parallelism (ProcessGrid, tp fastest). It trains a few AdamW steps with
-clipping, gathers the shards back under the single-process names, and compares the
-losses, the raw gradients of every step and the weights with one process; then it
-prints the bytes each rank sent beside the formula and the memory each rank holds.
+(minidist/parallel/tp_model.py; the layers are in tensor_parallel.py); with --tp smaller
+than the world, the other factor is data parallelism (ProcessGrid, tp fastest). It
+trains a few AdamW steps with clipping by the global norm, gathers the shards back
+under the single-process names, and compares the losses, the raw gradients of every
+step and the weights with one process; then it prints the bytes each rank sent and the
+memory each rank holds (weights; activations of one layer with and without sequence
+parallelism) beside their formulas. --generate N then decodes N tokens greedily with
+the sharded model and a KV cache, and with the single-process model, and compares.
 """
 import numpy as np
 from mpi4py import MPI
@@ -20,10 +24,12 @@ from minidist.comm import ProcessGrid, stats
 from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
+from minidist.lessons.tp_report import activation_table, generation_report
 from minidist.model import GPT
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.tensor_parallel import (ClipThenStep, TensorParallelGPT, TensorParallelSync,
-                                               expected_bytes, gather, padded_vocab, vocab_range)
+from minidist.parallel.tensor_parallel import padded_vocab, vocab_range
+from minidist.parallel.tp_formulas import expected_bytes
+from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, gather
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -41,6 +47,7 @@ def check_input(args, cfg, world):
     except ValueError as e:
         raise harness.InputError(f"--batch-size {args.batch_size} over {world // tp} data-parallel groups: {e}")
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    harness.need(args.generate >= 0, f"--generate must be 0 or more, got {args.generate}")
     return tp, rows.stop - rows.start
 
 
@@ -114,19 +121,17 @@ def main(args):
 
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    no_clip = TrainConfig(**{**vars(tc), "grad_clip": 0.0})      # ClipThenStep clips instead
 
     # --- the tensor-parallel run: every rank builds the whole GPT, keeps its shards
     model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=sp)
     say("who holds what (every layer alike)")
     layer_picture(model, cfg)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
-    opt = ClipThenStep(model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2)),
-                       model, args.grad_clip)
+    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
     rows = shard_slice(args.batch_size, grid.dp_rank, grid.dp)
     MEMORY.reset_peak()
-    with stats.measure() as m:
-        losses, state, times = common.train_and_collect(model, opt, data, args, no_clip, rows, 1,
+    with stats.measure() as m:        # the sync slot also supplies the global norm for clipping
+        losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, 1,
                                                         TensorParallelSync(model, dp))
     act_peak = MEMORY.peak_bytes
     losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
@@ -178,9 +183,15 @@ def main(args):
     say("\nmemory per rank")
     harness.table([["weights", fmt_bytes(params), f"{fmt_bytes(weights_formula)} = 1/{tp} of {sharded:,} sharded "
                     f"+ {replicated:,} replicated values"],
-                   ["activations (peak saved)", fmt_bytes(common.mpi_reduce(comm, act_peak)),
-                    "arrays saved for backward; --sequence-parallel cuts the replicated part by t"]],
+                   ["activations, whole step (peak saved)", fmt_bytes(common.mpi_reduce(comm, act_peak)),
+                    "the layers below, the embedding, the head and the loss"]],
                   header=["", "measured", "formula"])
+    act_ok, figures = activation_table(cfg, per_dp, grid.tp_comm, args.seed)
+
+    gen_ok = True
+    if args.generate:
+        gen_ok, gen_figures = generation_report(model, ref, data, args.generate, grid)
+        figures.update(gen_figures)
 
     step_time = common.mpi_reduce(comm, float(np.median(times)))
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
@@ -190,11 +201,17 @@ def main(args):
            "activations_peak": int(common.mpi_reduce(comm, act_peak))}
     report = harness.new_report(
         "03_tensor_parallel", args, parallel={"tp": tp, "dp": grid.dp, "pp": 1, "sequence_parallel": bool(sp)},
-        match=bool(match and bytes_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
+        match=bool(match and bytes_ok and act_ok and gen_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
         losses={"reference": ref_losses, "parallel": losses},
-        comm={"bytes_sent": got, "expected_bytes": exp}, memory=mem, step_time_s=step_time)
+        comm={"bytes_sent": got, "expected_bytes": exp}, memory=mem, step_time_s=step_time, figures=figures)
+    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; bytes and activation\n"
+        "bytes equal to their counts" + ("; the same generated tokens as one process" if args.generate else ""))
     if not bytes_ok:
         say("\nthe bytes measured differ from the formula: a collective too many, or one of the wrong size")
+    if not act_ok:
+        say("\nthe activation meter differs from this engine's count: a Function saves more (or less) than listed")
+    if not gen_ok:
+        say("\nthe tensor-parallel model generated other tokens than the single-process model")
     return harness.finish(report, args)
 
 
@@ -207,6 +224,8 @@ def build_parser():
     p.add_argument("--lr", type=harness.positive_float, default=1e-3)
     p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5,
                    help="clip the global gradient norm (0: off)")
+    p.add_argument("--generate", type=harness.nonnegative_int, default=0, metavar="N",
+                   help="then decode N tokens greedily with a KV cache, sharded and in one process")
     return p
 
 

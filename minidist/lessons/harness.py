@@ -205,7 +205,7 @@ def compare(parallel, reference):
 # ----------------------------------------------------------------------------- report
 
 REPORT_KEYS = ("lesson", "world_size", "parallel", "dtype", "steps", "match", "max_rel_diff",
-               "max_abs_diff", "tolerance", "losses", "comm", "memory", "step_time_s", "mfu")
+               "max_abs_diff", "tolerance", "losses", "comm", "memory", "step_time_s", "mfu", "figures")
 
 
 def new_report(lesson, args, **fields):

@@ -21,10 +21,10 @@ from minidist.data import shard_slice
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
-from minidist.parallel import sequence_parallel, tensor_parallel as tpm
+from minidist.parallel import sequence_parallel, tensor_parallel as tpm, tp_model
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.tensor_parallel import (ClipThenStep, TensorParallelGPT, TensorParallelSync, expected_bytes,
-                                               gather_state)
+from minidist.parallel.tp_formulas import expected_bytes
+from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, gather_state
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
 pytestmark = pytest.mark.mpi
@@ -45,16 +45,17 @@ def batch(step):
 
 
 def train(model, opt, sync, rows, clip):
-    """STEPS steps on rows `rows` of each global batch: (losses, [raw grads per step])."""
-    losses, raws = [], []
+    """STEPS steps on rows `rows` of each global batch: (losses, [raw grads per step], norms)."""
+    losses, raws, norms = [], [], []
     for step in range(STEPS):
         x, y = batch(step)
         mb = micro_batches(x[rows], y[rows], step, SEED, 1, first_sample=rows.start or 0)
         raw = {}
-        loss, _ = train_step(model, opt, mb, get_lr(step, TC), clip, dp=sync, raw_grads=raw)
+        loss, norm = train_step(model, opt, mb, get_lr(step, TC), clip, dp=sync, raw_grads=raw)
         losses.append(loss)
         raws.append(raw)
-    return losses, raws
+        norms.append(norm)
+    return losses, raws, norms
 
 
 def adamw(model):
@@ -65,7 +66,7 @@ def adamw(model):
 def reference(dtype, dropout):
     """{name: array} of the single-process run (every rank computes it; no messages)."""
     model = GPT(config(dtype, dropout), seed=SEED)
-    losses, raws = train(model, adamw(model), None, slice(None), TC.grad_clip)
+    losses, raws, _ = train(model, adamw(model), None, slice(None), TC.grad_clip)
     state = {"loss": np.array(losses)}
     for step, raw in enumerate(raws):
         state.update({f"grad{step}:{n}": g for n, g in raw.items()})
@@ -81,12 +82,11 @@ def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0):
     grid = ProcessGrid(tp=tp)
     model = TensorParallelGPT(GPT(config(dtype, dropout), seed=SEED), grid.tp_comm, sequence_parallel=sp)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
-    sync = TensorParallelSync(model, dp=dp)
-    opt = ClipThenStep(adamw(model), model, TC.grad_clip)          # clips by the global norm
+    sync = TensorParallelSync(model, dp=dp)                        # supplies the global norm
     rows = shard_slice(BATCH, grid.dp_rank, grid.dp)
     with stats.measure() as sent:
-        losses, raws = train(model, opt, sync, rows, 0.0)
-    assert opt.norm > TC.grad_clip, f"clipping must really clip: norm {opt.norm:.3g} <= {TC.grad_clip}"
+        losses, raws, norms = train(model, adamw(model), sync, rows, TC.grad_clip)
+    assert min(norms) > TC.grad_clip, f"clipping must really clip: norms {norms} not all above {TC.grad_clip}"
     state = {"loss": mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp}
     for step, raw in enumerate(raws):
         state.update(gather_state(model, raw, prefix=f"grad{step}:"))
@@ -205,16 +205,16 @@ def test_heads_that_do_not_divide_are_refused():
     if WORLD == 1:
         TensorParallelGPT(GPT(cfg, seed=0), COMM)
         return
-    with pytest.raises(tpm.TPError, match="multiple of the tensor-parallel size"):
+    with pytest.raises(tp_model.TPError, match="multiple of the tensor-parallel size"):
         TensorParallelGPT(GPT(cfg, seed=0), COMM)
 
 
 def test_clipping_by_the_shards_norm_is_caught(monkeypatch):
-    """Clipping each rank's shards by their own norm (the plain clip_grad_norm) gives the
-    right raw gradients but wrong weights: the comparison of weights must catch it."""
-    from minidist.optim import clip_grad_norm
-    monkeypatch.setattr(tpm, "clip_grad_norm_tp",
-                        lambda named, max_norm, comm, sharded: clip_grad_norm([p for _, p in named], max_norm))
+    """Clipping each rank's shards by their own norm (the plain clip_grad_norm, without the
+    dp slot's global norm) gives the right raw gradients but wrong weights: the
+    comparison of weights must catch it."""
+    from minidist.optim import grad_norm_sq
+    monkeypatch.setattr(TensorParallelSync, "grad_norm_sq", lambda self, params: grad_norm_sq(params))
     rel, _, _, _, worst = run_tp()
     if WORLD > 1:
         assert rel > 1e-6 and worst.startswith("weight:"), f"local clipping went unnoticed: {rel:.2e} ({worst})"

@@ -1,0 +1,168 @@
+"""Lesson 03's two longer reports, kept out of the lesson's story: activation memory of one
+layer measured beside its formulas, and generation with the sharded model beside one
+process.
+
+    mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --generate 32
+
+Both measure first and put the formula beside the measurement, never in its place:
+activation bytes come from the engine's meter (minidist/context.py's MEMORY), bytes sent
+from minidist.comm.stats, tokens from two real generations.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import stats
+from minidist.data import decode
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT, generate_greedy
+from minidist.parallel.sequence_parallel import sequence_bounds
+from minidist.parallel.tp_formulas import (engine_layer_elements, generation_bytes, korthikanti_layer_bytes,
+                                           measured_saved_bytes)
+from minidist.parallel.tp_model import TensorParallelGPT
+from minidist.rng import DropoutRNG
+from minidist.tensor import Tensor
+
+# ----------------------------------------------------------------------------- activations
+
+
+def activation_table(cfg, b, tp_comm, seed):
+    """One transformer layer's saved bytes per rank, three ways: one process, tensor
+    parallel, tensor + sequence parallel; each measured, beside this engine's count and
+    Korthikanti et al.'s formula. Returns (every measurement equals the count, figures)."""
+    s, h, a, t, item = cfg.block_size, cfg.n_embd, cfg.n_head, tp_comm.Get_size(), np.dtype(cfg.dtype).itemsize
+    x = np.random.default_rng(seed).standard_normal((b, s, h)).astype(cfg.dtype)
+    lo, hi = sequence_bounds(s, tp_comm)
+
+    def rng():
+        return DropoutRNG(seed, 0, range(b)) if cfg.dropout > 0 else None
+
+    one = GPT(cfg, seed=seed).transformer.h[0]
+    tp = TensorParallelGPT(GPT(cfg, seed=seed), tp_comm).transformer.h[0]
+    sp = TensorParallelGPT(GPT(cfg, seed=seed), tp_comm, sequence_parallel=True).transformer.h[0]
+    rows = [("1 process", lambda: one(Tensor(x), rng()), dict(t=1), dict(t=1)),
+            (f"tp={t}", lambda: tp(Tensor(x), rng(), None), dict(t=t), dict(t=t)),
+            (f"tp={t} + SP", lambda: sp(Tensor(x[:, lo:hi]), rng(), (s, lo, hi)), dict(t=t, s_r=hi - lo),
+             dict(t=t, sequence_parallel=True))]
+    say(f"\nactivation memory of one transformer layer, per rank (s={s} b={b} h={h} a={a} t={t}; "
+        f"{cfg.dtype}, dropout {cfg.dropout})")
+    table, figures, ok = [], {}, True
+    for name, forward, mine, paper in rows:
+        measured = measured_saved_bytes(forward)
+        count = sum(engine_layer_elements(b, s, h, a, dropout=cfg.dropout > 0, **mine).values()) * item
+        same = bool(common.mpi_reduce(tp_comm, float(measured != count)) == 0)
+        measured, count = common.mpi_reduce(tp_comm, [measured, count])
+        ok &= same
+        k = korthikanti_layer_bytes(s, b, h, a, **paper)
+        table.append([name, fmt_bytes(measured), fmt_bytes(count), "equal" if same else "DIFFERENT", fmt_bytes(k),
+                      f"{measured / k:.1f}x"])
+        key = name.replace(" + ", "_").replace("=", "").replace(" ", "_")
+        figures.update({f"activation_bytes_layer_{key}_measured": measured,
+                        f"activation_bytes_layer_{key}_engine_count": count,
+                        f"activation_bytes_layer_{key}_korthikanti": k})
+    harness.table(table, header=["", "measured", "this engine's count", "", "Korthikanti (16-bit)", "measured / paper"])
+    say("  Korthikanti et al. 2022 per layer: 34sbh + 5as^2b (one process), 10sbh + 24sbh/t + 5as^2b/t (TP),\n"
+        "  34sbh/t + 5as^2b/t (TP + SP), in bytes of 16-bit activations and 1-byte dropout masks. Here:")
+    say(f"  - every saved array is {cfg.dtype} ({item} B an element), dropout masks too (the paper: 2 B, masks 1 B);")
+    say("  - attention saves its probabilities and the mask (2 as^2b elements), not also the dropped\n"
+        "    probabilities (the paper's 5as^2b bytes = 2 + 1 + 2); a layer norm saves its normalised input\n"
+        "    and 1/std per token (2 b*s), not its input;")
+    say("  - without dropout no masks are saved (the paper always counts them);")
+    say("  - under SP this engine keeps the all-gathered input of c_attn and c_fc whole (2 b*s*h per rank);\n"
+        "    Megatron keeps only its slice and gathers it again in backward, which is how it gets 34sbh/t.")
+    return ok, figures
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _idle_barrier(comm):
+    """A barrier that sleeps instead of spinning: MPI's own busy-polls the cores it waits
+    on, and rank 0 is timing one process on those cores."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def _cores():
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _feeds(prompt, n, block_size):
+    """How many positions each of generate_greedy's n steps feeds (its own rule)."""
+    out, length = [], prompt
+    for step in range(n):
+        out.append(prompt if step == 0 else (1 if length <= block_size else block_size))
+        length += 1
+    return out
+
+
+def generation_report(model, ref, data, n, grid):
+    """Greedy decoding of n tokens with the sharded model and with one process; returns
+    (same tokens, figures). The prompt is the start of a validation sequence, short
+    enough that the whole generation fits in block_size positions when n allows."""
+    comm, cfg = MPI.COMM_WORLD, model.config
+    p = max(1, min(8, cfg.block_size - n + 1))
+    prompt = np.ascontiguousarray(data.get_batch("val", 1, 0)[0][:, :p])
+    V = cfg.vocab_size
+
+    # one process, on rank 0 alone
+    ref_tokens = np.zeros((1, p + n), np.int64)
+    ref_logits = np.zeros((n, 1, V), np.float64)
+    t_one = np.zeros(1)
+    if comm.Get_rank() == 0:
+        t0 = time.perf_counter()
+        toks, logits = generate_greedy(ref, prompt, n)
+        t_one[0] = time.perf_counter() - t0
+        ref_tokens[...], ref_logits[...] = toks, np.stack(logits)
+    _idle_barrier(comm)
+    for buf in (ref_tokens, ref_logits, t_one):
+        comm.Bcast(buf, root=0)
+
+    # the tensor-parallel group (each data-parallel replica generates the same tokens)
+    comm.Barrier()
+    with stats.measure() as m:
+        t0 = time.perf_counter()
+        tokens, logits = generate_greedy(model, prompt, n)
+        t_tp = common.mpi_reduce(comm, time.perf_counter() - t0)
+    same = bool(common.mpi_reduce(comm, float(not np.array_equal(tokens, ref_tokens))) == 0)
+
+    # logits of every step: my vocabulary columns against the same columns of one process
+    lo, cols = model.lo, min(model.lo + logits[0].shape[-1], V) - model.lo
+    rel = 0.0
+    for mine, want in zip(logits, ref_logits):
+        mine, want = np.asarray(mine, np.float64)[:, :max(cols, 0)], want[:, lo:lo + max(cols, 0)]
+        d = float(np.abs(mine - want).max(initial=0.0))
+        d, scale = common.mpi_reduce(grid.tp_comm, [d, float(np.abs(want).max(initial=0.0))])
+        rel = max(rel, d / scale)
+    rel = common.mpi_reduce(comm, rel)
+
+    want_bytes = sum(generation_bytes(model, 1, f)["all_reduce"][1] for f in _feeds(p, n, cfg.block_size))
+    got_bytes = int(common.mpi_reduce(comm, m.bytes_sent("all_reduce")))
+    want_bytes = int(common.mpi_reduce(comm, want_bytes))
+    one_rate, tp_rate = n / t_one[0], n / t_tp
+    cache = model.new_cache()
+    cache_bytes = 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * np.dtype(cfg.dtype).itemsize
+
+    say(f"\ngeneration: greedy, {n} tokens after a prompt of {p}, batch 1, with a KV cache")
+    harness.table([["prompt", repr(decode(prompt[0]))], ["1 process", repr(decode(ref_tokens[0, p:]))],
+                   [f"tp={model.tp}", repr(decode(tokens[0, p:]))]])
+    say(f"  same tokens: {'yes' if same else 'NO'}; logits of every step: max_rel_diff {rel:.1e}"
+        " (each rank's vocabulary columns, padding left out)")
+    if p + n - 1 > cfg.block_size:
+        say(f"  past block_size {cfg.block_size}, positions shift: those steps run the cropped window whole")
+    harness.table([["1 process (rank 0 alone)", f"{one_rate:,.0f}", fmt_bytes(cache_bytes), "-", "-"],
+                   [f"tp={model.tp} group", f"{tp_rate:,.0f}", fmt_bytes(cache_bytes // model.tp),
+                    f"{got_bytes:,}", f"{want_bytes:,}" + (" (equal)" if got_bytes == want_bytes else " (DIFFERENT)")]],
+                  header=["", "tokens/s", "KV cache per rank", "bytes sent per rank", "by formula"])
+    say(f"  per token: {2 * cfg.n_layer + 1} all-reduces of b*h (embedding, attention and MLP of each layer) and "
+        f"2 of b (the greedy token);\n  each is a wait for every rank of the group. Here {comm.Get_size()} processes "
+        f"share {_cores()} cores and the model is tiny:\n  those waits cost far more than the 1/t of the matmuls "
+        "saves. On GPUs of one node, TP cuts the latency of a token\n  of a model too big for one GPU (DeepSpeed-Inference).")
+    del cache
+    figures = {"generate_tokens": n, "generate_same_tokens": float(same), "generate_logits_max_rel_diff": rel,
+               "generate_tokens_per_s_1_process": one_rate, "generate_tokens_per_s_tp": tp_rate,
+               "generate_bytes_sent": got_bytes, "generate_bytes_formula": want_bytes}
+    return same and got_bytes == want_bytes, figures

@@ -1,0 +1,147 @@
+"""Tensor parallelism's formulas, which lesson 03 prints beside its measurements and the
+tests hold the measurements to: bytes each rank sends (training and generation) and
+activation memory per layer, as this engine saves it and as Korthikanti et al. 2022
+count it. Kept apart from the layers (tensor_parallel.py) and the model (tp_model.py)
+so that lessons, tests and a planner share one copy, and so that reading the layers is
+not interrupted by accounting.
+
+    python -c "from minidist.parallel.tp_formulas import korthikanti_layer_bytes as k; print(k(2048, 1, 12288, 96, 8))"
+"""
+import numpy as np
+
+from minidist.comm import chunk_bounds
+from minidist.tensor import MEMORY
+
+# ----------------------------------------------------------------------------- bytes, by formula
+
+
+def ring_all_reduce_sent(n, size, rank):
+    """Elements rank sends in a ring all-reduce of n: every chunk but its own in the
+    reduce-scatter, every chunk but its right neighbour's in the all-gather."""
+    if size == 1:
+        return 0
+    b = _bounds(n, size)
+    mine, right = b[rank + 1] - b[rank], b[(rank + 1) % size + 1] - b[(rank + 1) % size]
+    return (n - mine) + (n - right)
+
+
+def ring_reduce_scatter_sent(rows, row, size, rank):
+    """Elements sent to reduce-scatter `rows` rows of `row` elements: all but my chunk."""
+    b = _bounds(rows, size)
+    return (rows - (b[rank + 1] - b[rank])) * row
+
+
+def ring_all_gather_sent(rows, row, size, rank):
+    """Elements sent to all-gather pieces of `rows` rows in all: all but my right neighbour's."""
+    b = _bounds(rows, size)
+    nxt = (rank + 1) % size
+    return (rows - (b[nxt + 1] - b[nxt])) * row
+
+
+def _bounds(n, size):
+    return chunk_bounds(n, size)
+
+
+def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None):
+    """{collective: (calls, bytes)} this rank sends in one training step.
+
+    Per micro-batch of `batch` sequences of T tokens (h = n_embd, L layers):
+    - plain TP: all-reduces of b*s*h: 2 per layer forward (g) and 2 backward (f), one for
+      the embedding (g) and one for the head's input (f); 3 of b*s for the loss;
+    - sequence parallel: those 4L + 2 all-reduces become as many all-gathers plus as
+      many reduce-scatters along the sequence; the loss keeps its 3 all-reduces;
+    per step: under SP, one all-reduce of the replicated parameters' gradients; with
+    clipping, one all-reduce of one float64 (the squared norm of the shards,
+    TensorParallelSync.grad_norm_sq); with a
+    data-parallel group (NaiveDataParallel), one ring all-reduce per parameter shard.
+    """
+    cfg, t, r = model.config, model.tp, model.tp_rank
+    item = np.dtype(cfg.dtype).itemsize
+    L, C, k = cfg.n_layer, cfg.n_embd, micro_batches
+    n_big = 4 * L + 2
+    out = {"all_reduce": [0, 0], "all_gather": [0, 0], "reduce_scatter": [0, 0]}
+
+    def add(name, calls, elements, itemsize=item):
+        out[name][0] += calls
+        out[name][1] += elements * itemsize
+
+    if model.sequence_parallel:
+        add("all_gather", k * n_big, k * n_big * ring_all_gather_sent(T, batch * C, t, r))
+        add("reduce_scatter", k * n_big, k * n_big * ring_reduce_scatter_sent(T, batch * C, t, r))
+        n_rep = sum(p.size for n, p in model.named_parameters() if n not in model.specs)
+        add("all_reduce", 1, ring_all_reduce_sent(n_rep, t, r))
+    else:
+        add("all_reduce", k * n_big, k * n_big * ring_all_reduce_sent(batch * T * C, t, r))
+    add("all_reduce", 3 * k, 3 * k * ring_all_reduce_sent(batch * T, t, r))
+    if clip:
+        add("all_reduce", 1, ring_all_reduce_sent(1, t, r), itemsize=8)
+    if dp_comm is not None and dp_comm.Get_size() > 1:
+        for p in model.parameters():
+            add("all_reduce", 1, ring_all_reduce_sent(p.size, dp_comm.Get_size(), dp_comm.Get_rank()),
+                itemsize=p.data.itemsize)
+    return {name: tuple(v) for name, v in out.items() if v[0]}
+
+def generation_bytes(model, batch, positions):
+    """{"all_reduce": (calls, bytes)} this rank sends for one step of generation that feeds
+    `positions` new tokens of `batch` sequences: g after the embedding and after each
+    layer's attention and MLP (2L + 1 all-reduces of b*positions*h), then the two of b
+    numbers of vocab_parallel_argmax (the logits' dtype, then int64 ids)."""
+    cfg, t, r = model.config, model.tp, model.tp_rank
+    item = np.dtype(cfg.dtype).itemsize
+    n = 2 * cfg.n_layer + 1
+    sent = n * ring_all_reduce_sent(batch * positions * cfg.n_embd, t, r) * item
+    sent += ring_all_reduce_sent(batch, t, r) * (item + 8)
+    return {"all_reduce": (n + 2, sent)}
+
+# ----------------------------------------------------------------------------- activation memory
+
+
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True):
+    """Elements one transformer layer saves for backward on one rank, array by array as
+    this engine's Functions save them (fused.py, ops.py); {what: elements}.
+
+    t = 1: one process. s_r: this rank's tokens under sequence parallelism (None: plain
+    tensor parallelism, the residual stream whole on every rank). Weights a node saves
+    are parameters, not activations, and are not counted (minidist/context.py).
+    """
+    res = s if s_r is None else s_r                     # tokens of the residual stream here
+    out = {"layer norms: normalised input (2 x b*s*h)": 2 * b * res * h,
+           "layer norms: 1/std per token (2 x b*s)": 2 * b * res,
+           "c_attn, c_fc: input (2 x b*s*h, whole even under SP)": 2 * b * s * h,
+           "attention: q/sqrt(hs), k, v (3 x b*s*h/t)": 3 * b * s * h // t,
+           "attention: probabilities (a*s^2*b/t)": a * s * s * b // t,
+           "attn.c_proj: input (b*s*h/t)": b * s * h // t,
+           "GELU: input (4 b*s*h/t)": 4 * b * s * h // t,
+           "mlp.c_proj: input (4 b*s*h/t)": 4 * b * s * h // t}
+    if dropout:
+        out["dropout masks after attention and MLP (2 x b*s*h)"] = 2 * b * res * h
+        out["attention dropout mask (a*s^2*b/t)"] = a * s * s * b // t
+    return out
+
+
+def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):
+    """Korthikanti et al. 2022 (arXiv 2205.05198), activation bytes per layer per rank with
+    16-bit activations and 1-byte dropout masks: 34sbh + 5as^2b without tensor
+    parallelism (t = 1), 10sbh + 24sbh/t + 5as^2b/t with it, 34sbh/t + 5as^2b/t with
+    sequence parallelism too (their eq. 1, 2 and 4; docs/reference.md#activation-memory-per-layer)."""
+    sbh, as2b = s * b * h, a * s * s * b
+    if t == 1:
+        return 34 * sbh + 5 * as2b
+    if sequence_parallel:
+        return 34 * sbh / t + 5 * as2b / t
+    return 10 * sbh + 24 * sbh / t + 5 * as2b / t
+
+
+def measured_saved_bytes(forward):
+    """The activation meter's reading (minidist.context.MEMORY) for one training forward:
+    the bytes its nodes saved for backward, read while the output keeps them alive.
+
+    forward: a function of no arguments that runs the forward (one transformer layer,
+    say) and returns its output. Under tensor parallelism every rank of the group must
+    call it together: the layer communicates.
+    """
+    before = MEMORY.live_bytes
+    y = forward()
+    saved = MEMORY.live_bytes - before
+    del y                                                # the graph goes, and its bytes with it
+    return saved

@@ -1,0 +1,341 @@
+"""The GPT cut across a tensor-parallel group (minidist/parallel/tensor_parallel.py has its
+layers): which parameter is cut how, the model built from the whole one, gathering the
+shards back, and the training step's slot (gradient sync and the global norm for clipping).
+
+    mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --generate 32
+
+Every rank builds the same single-process GPT from the seed and hands it to
+`TensorParallelGPT`, which keeps this rank's shards (`shard_specs`) and the replicated
+rest (layer norms, position table, row-parallel biases) under the same names; a
+parameter that silently stayed whole is an error (`check_sharded`). `gather_state`
+puts the shards back together under the single-process names, padding removed, so a
+lesson compares every tensor whole. Memory: 1/t of the matrices and the token table per
+rank, plus the replicated rest.
+
+Generation: `minidist.model.generate_greedy` drives this model as it drives the GPT.
+Each rank keeps the keys and values of its own heads (a KV cache of 1/t the size); a
+new token costs 2 all-reduces of b*h per layer, one for the embedding, and the two of
+b numbers that pick the token from the vocabulary-split logits.
+"""
+import contextlib
+
+import numpy as np
+
+from minidist import ops
+from minidist.backend import to_numpy, xp
+from minidist.model import GPT, KVCache, check_positions
+from minidist.nn import Module, ModuleDict, ModuleList, Parameter
+from minidist.parallel.sequence_parallel import sequence_bounds
+from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG, _all_reduce,
+                                               enter_region, leave_region, padded_vocab, sequence_dropout,
+                                               vocab_parallel_argmax, vocab_parallel_cross_entropy,
+                                               vocab_parallel_embedding, vocab_range)
+from minidist.rng import DropoutRNG
+from minidist.tensor import Tensor
+
+# ----------------------------------------------------------------------------- how each weight is cut
+
+
+class Shard:
+    """How one parameter is cut: along `axis`, in `blocks` equal blocks that are each cut
+    in t pieces (c_attn's columns are q | k | v: rank r takes its heads from each block),
+    after padding the axis from `size` to `padded` with zeros (the vocabulary)."""
+
+    def __init__(self, axis, blocks=1, size=None, padded=None):
+        self.axis, self.blocks, self.size, self.padded = axis, blocks, size, padded
+
+    def __repr__(self):
+        pad = f", padded {self.size}->{self.padded}" if self.padded != self.size else ""
+        return f"Shard(axis={self.axis}, blocks={self.blocks}{pad})"
+
+
+def shard_specs(config, t):
+    """{name: Shard} for every sharded parameter of the GPT; the others are replicated."""
+    V = config.vocab_size
+    specs = {"transformer.wte.weight": Shard(0, size=V, padded=padded_vocab(V, t))}
+    for i in range(config.n_layer):
+        h = f"transformer.h.{i}."
+        specs[h + "attn.c_attn.weight"] = Shard(1, blocks=3)        # column-parallel, q|k|v
+        specs[h + "mlp.c_fc.weight"] = Shard(1)                     # column-parallel
+        specs[h + "attn.c_proj.weight"] = Shard(0)                  # row-parallel
+        specs[h + "mlp.c_proj.weight"] = Shard(0)                   # row-parallel
+        if config.bias:
+            specs[h + "attn.c_attn.bias"] = Shard(0, blocks=3)
+            specs[h + "mlp.c_fc.bias"] = Shard(0)
+    return specs
+
+
+def shard(full, spec, rank, t):
+    """This rank's piece of a whole array (a copy); `spec` None means replicated."""
+    if spec is None:
+        return full.copy()
+    if spec.padded is not None and spec.padded != full.shape[spec.axis]:
+        widths = [(0, 0)] * full.ndim
+        widths[spec.axis] = (0, spec.padded - full.shape[spec.axis])
+        full = xp.pad(full, widths)
+    blocks = xp.split(full, spec.blocks, axis=spec.axis)
+    return xp.concatenate([xp.split(b, t, axis=spec.axis)[rank] for b in blocks], axis=spec.axis)
+
+
+def unshard(pieces, spec):
+    """The whole array from every rank's piece (in rank order), padding removed."""
+    if spec is None:
+        return pieces[0]
+    per_rank = [xp.split(p, spec.blocks, axis=spec.axis) for p in pieces]
+    whole = xp.concatenate([xp.concatenate([pr[b] for pr in per_rank], axis=spec.axis)
+                            for b in range(spec.blocks)], axis=spec.axis)
+    if spec.size is not None:
+        whole = xp.take(whole, xp.arange(spec.size), axis=spec.axis)
+    return whole
+
+
+def shard_shape(shape, spec, t):
+    if spec is None:
+        return tuple(shape)
+    out = list(shape)
+    out[spec.axis] = (spec.padded or shape[spec.axis]) // t
+    return tuple(out)
+
+# ----------------------------------------------------------------------------- the model
+
+
+class TPError(ValueError):
+    """A model that cannot be cut t ways (found alike on every rank)."""
+
+
+class ParallelAttention(Module):
+    """nanoGPT's CausalSelfAttention with this rank's n_head / t heads."""
+
+    def __init__(self, full, take, comm):
+        self.c_attn = ColumnParallelLinear(take("c_attn.weight"), take("c_attn.bias"), comm)
+        self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
+        self.n_head, self.dropout = full.n_head, full.dropout
+        self.t, self.rank = comm.Get_size(), comm.Get_rank()
+
+    def forward(self, x, rng, seq, cache=None):
+        sp = seq is not None                                           # seq: (T, lo, hi) under SP
+        qkv = self.c_attn(x, sp)                                       # (B, T, 3C/t)
+        B, T, C3 = qkv.shape
+        nh, c = self.n_head // self.t, C3 // 3                         # my heads, my channels
+        q, k, v = ops.split(qkv, c, axis=2)                            # 3 x (B, T, C/t)
+        q = q.reshape(B, T, nh, c // nh).transpose(1, 2)               # (B, nh/t, T, hs)
+        k = k.reshape(B, T, nh, c // nh).transpose(1, 2)
+        v = v.reshape(B, T, nh, c // nh).transpose(1, 2)
+        if cache is not None:                                          # generation: my heads' k, v
+            y = Tensor(cache.attend(q.data, k.data, v.data))           # (B, nh/t, T, hs)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, c))     # (B, T, C), summed by g
+        p = self.dropout if self.training else 0.0
+        heads = slice(self.rank * nh, (self.rank + 1) * nh)
+        att_rng = SlicedRNG(rng, (B, self.n_head, T, T), (slice(None), heads)) if p > 0 else None
+        y = ops.causal_attention(q, k, v, dropout_p=p, rng=att_rng)   # (B, nh/t, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, c)                         # (B, T, C/t)
+        return sequence_dropout(self.c_proj(y, sp), p, rng, seq)       # (B, T or T_r, C)
+
+
+class ParallelMLP(Module):
+    def __init__(self, full, take, comm):
+        self.c_fc = ColumnParallelLinear(take("c_fc.weight"), take("c_fc.bias"), comm)
+        self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
+        self.p = full.dropout.p
+
+    def forward(self, x, rng, seq):
+        sp = seq is not None
+        h = ops.gelu(self.c_fc(x, sp))                                 # (B, T, 4C/t), local GELU
+        return sequence_dropout(self.c_proj(h, sp), self.p if self.training else 0.0, rng, seq)
+
+
+class ParallelBlock(Module):
+    def __init__(self, full, take, comm):
+        self.ln_1 = full.ln_1                                          # replicated
+        self.attn = ParallelAttention(full.attn, lambda n: take("attn." + n), comm)
+        self.ln_2 = full.ln_2
+        self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm)
+
+    def forward(self, x, rng, seq, cache=None):
+        x = x + self.attn(self.ln_1(x), rng, seq, cache)
+        x = x + self.mlp(self.ln_2(x), rng, seq)
+        return x
+
+
+class VocabParallelEmbedding(Module):
+    def __init__(self, weight, lo, vocab_size):
+        self.weight, self.lo, self.vocab_size = weight, lo, vocab_size
+
+    def forward(self, idx):
+        return vocab_parallel_embedding(idx, self.weight, self.lo)
+
+
+class TensorParallelGPT(Module):
+    """The GPT cut across the ranks of `comm` (a tensor-parallel group), from the whole one.
+
+    Every rank builds the same single-process GPT from the seed and hands it here; each
+    keeps its shards (`shard_specs`) and the replicated rest, under the same names.
+    forward returns this rank's vocabulary columns of the logits and the whole loss.
+    """
+
+    def __init__(self, full, comm, sequence_parallel=False):
+        cfg, t, r = full.config, comm.Get_size(), comm.Get_rank()
+        if cfg.n_head % t:
+            raise TPError(f"n_head ({cfg.n_head}) must be a multiple of the tensor-parallel size "
+                          f"({t}): each rank takes whole heads")
+        self.config, self.seed, self._calls = cfg, full.seed, 0
+        self.comm, self.tp, self.tp_rank, self.sequence_parallel = comm, t, r, sequence_parallel
+        self.specs = shard_specs(cfg, t)
+        whole = dict(full.named_parameters())
+        self.full_shapes = {n: tuple(p.shape) for n, p in whole.items()}
+
+        def take(name):
+            p = whole.get(name)
+            if p is None:
+                return None
+            return p if name not in self.specs else Parameter(shard(p.data, self.specs[name], r, t))
+
+        tr = full.transformer
+        self.lo, _ = vocab_range(cfg.vocab_size, t, r)
+        self.transformer = ModuleDict(
+            wte=VocabParallelEmbedding(take("transformer.wte.weight"), self.lo, cfg.vocab_size),
+            wpe=tr.wpe,
+            h=ModuleList([ParallelBlock(b, lambda n, i=i: take(f"transformer.h.{i}." + n), comm)
+                          for i, b in enumerate(tr.h)]),
+            ln_f=tr.ln_f,
+        )
+        self.dropout = cfg.dropout
+        check_sharded(self)
+
+    def forward(self, idx, targets=None, rng=None, cache=None):
+        """cache: a KVCache of this rank's heads (generation, under no_grad); a step of
+        generation feeds one token, which cannot be cut along the sequence, so it runs
+        plain tensor parallelism (f and g) even in a sequence-parallel model."""
+        idx = xp.asarray(idx)
+        B, T = idx.shape
+        first = check_positions(self, T, cache)
+        if rng is None and self.training and self.dropout > 0:
+            rng = DropoutRNG(self.seed, self._calls, range(B))        # as GPT.forward does
+            self._calls += 1
+        tr, comm, sp = self.transformer, self.comm, self.sequence_parallel and cache is None
+        tok = tr.wte(idx)                                     # (B, T, C), zero for others' ids
+        if sp:
+            lo, hi = sequence_bounds(T, comm)
+            seq = (T, lo, hi)
+            tok = leave_region(tok, comm, sp)                 # (B, T_r, C): my tokens, summed
+            pos = tr.wpe(xp.arange(lo, hi))                   # (T_r, C)
+        else:
+            seq = None
+            tok = leave_region(tok, comm, sp)                 # (B, T, C): g sums the lookups
+            pos = tr.wpe(xp.arange(first, first + T))         # (T, C)
+        x = sequence_dropout(tok + pos, self.dropout if self.training else 0.0, rng, seq)
+        for i, block in enumerate(tr.h):
+            x = block(x, rng, seq, None if cache is None else cache.layers[i])
+        x = enter_region(tr.ln_f(x), comm, sp)                # (B, T, C): f, or the all-gather
+        logits = x @ tr.wte.weight.T                          # (B, T, V/t): my vocabulary
+        loss = None
+        if targets is not None:
+            loss = vocab_parallel_cross_entropy(logits, targets, self.lo, self.config.vocab_size, comm)
+        return logits, loss
+
+    def new_cache(self):
+        return KVCache(self.config.n_layer, self.config.block_size)
+
+    def greedy_token(self, logits):
+        """The greedy token from my vocabulary's logits (B, V/t): the same id on every rank."""
+        return vocab_parallel_argmax(logits, self.lo, self.config.vocab_size, self.comm)
+
+    def sharded_names(self):
+        return set(self.specs)
+
+    def replicated_names(self):
+        return [n for n, _ in self.named_parameters() if n not in self.specs]
+
+    def configure_optimizers(self, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8):
+        return GPT.configure_optimizers(self, weight_decay, lr, betas, eps)
+
+
+def check_sharded(model):
+    """Every single-process parameter is here under its name, at its shard's shape: a
+    parameter that silently stayed whole (picotron's pitfall) is an error."""
+    mine = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    missing = sorted(set(model.full_shapes) - set(mine))
+    extra = sorted(set(mine) - set(model.full_shapes))
+    if missing or extra:
+        raise TPError(f"tensor-parallel model: missing {missing}, unexpected {extra}")
+    for name, full in model.full_shapes.items():
+        spec = model.specs.get(name)
+        want = shard_shape(full, spec, model.tp)
+        if mine[name] != want:
+            raise TPError(f"{name}: shape {mine[name]} on rank {model.tp_rank}, its shard should be "
+                          f"{want} ({spec or 'replicated'}; whole {full})")
+
+# ----------------------------------------------------------------------------- gathering back
+
+
+def gather(comm, local, spec):
+    """The whole array from every rank's piece: MPI's own Allgather (buffers of one size).
+
+    For comparing and reporting only, so it bypasses minidist.comm and its byte counters.
+    """
+    if spec is None:
+        return to_numpy(local).copy()
+    local = np.ascontiguousarray(to_numpy(local))
+    out = np.empty((comm.Get_size(),) + local.shape, local.dtype)
+    comm.Allgather(local, out)
+    return unshard(list(out), spec)
+
+
+def gather_state(model, arrays=None, prefix=""):
+    """{prefix + name: whole array} under the single-process names, padding removed.
+
+    arrays: {name: local array} (default: the parameters' data); every rank of the
+    tensor-parallel group must call this, with the same names, in the same order.
+    """
+    local = arrays if arrays is not None else {n: p.data for n, p in model.named_parameters()}
+    return {prefix + n: gather(model.comm, local[n], model.specs.get(n)) for n, _ in model.named_parameters()}
+
+# ----------------------------------------------------------------------------- the training step's slot
+
+
+class TensorParallelSync:
+    """The `dp` slot of minidist.train.train_step for a tensor-parallel model.
+
+    sync(), after the last backward: under sequence parallelism the replicated
+    parameters (layer norms, row-parallel biases, position table) saw only this rank's
+    tokens, so their gradients are all-reduced over the TP group (one flat buffer); then
+    the data-parallel `dp` (if any) averages over the replicas. Without sequence
+    parallelism every TP rank already holds the same whole gradient of a replicated
+    parameter (f's all-reduce made the residual stream's gradient whole).
+
+    grad_norm_sq(params), for train_step's clipping: the squared norm of the whole
+    model's gradient, which no rank holds alone. Each shard counts once (one all-reduce
+    of one float64 over the TP group), each replicated parameter once (every rank holds
+    the same copy: summing it over the group would count it t times). Clipping by each
+    rank's own shards would scale each rank's part differently.
+    """
+
+    def __init__(self, model, dp=None):
+        self.model, self.dp = model, dp
+
+    def backward_context(self, last):
+        if self.dp is not None:
+            return self.dp.backward_context(last)
+        return contextlib.nullcontext()
+
+    def sync(self):
+        m = self.model
+        if m.sequence_parallel:
+            params = [p for n, p in m.named_parameters() if n not in m.specs]
+            flat = xp.concatenate([(p.grad if p.grad is not None else xp.zeros_like(p.data)).reshape(-1)
+                                   for p in params])
+            flat = _all_reduce(m.comm, flat)
+            off = 0
+            for p in params:
+                p.grad = flat[off:off + p.size].reshape(p.shape).copy()
+                off += p.size
+        if self.dp is not None:
+            self.dp.sync()
+
+    def grad_norm_sq(self, params):
+        sharded = {id(p) for n, p in self.model.named_parameters() if n in self.model.specs}
+        sq = {True: 0.0, False: 0.0}                  # sharded, replicated
+        for p in params:
+            if p.grad is not None:
+                sq[id(p) in sharded] += float(xp.vdot(p.grad.ravel(), p.grad.ravel()))
+        return float(_all_reduce(self.model.comm, np.array([sq[True]]))[0]) + sq[False]
