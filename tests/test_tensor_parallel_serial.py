@@ -232,3 +232,56 @@ def test_lesson_03_refuses_heads_that_do_not_divide():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = proc.stdout + proc.stderr
     assert text.count("--n-head 8 is not divisible by the tensor-parallel size 3") == 1, text
+
+# ----------------------------------------------------------------------------- activation formulas
+
+
+def test_korthikanti_formulas_by_hand():
+    """The paper's per-layer bytes at GPT-3's s=2048, h=12288, a=96, b=1, t=8, worked by hand."""
+    from minidist.parallel.tp_formulas import korthikanti_layer_bytes
+    sbh, as2b = 2048 * 12288, 96 * 2048 * 2048
+    assert korthikanti_layer_bytes(2048, 1, 12288, 96) == 34 * sbh + 5 * as2b == 2_868_903_936
+    assert korthikanti_layer_bytes(2048, 1, 12288, 96, 8) == 10 * sbh + 3 * sbh + 5 * as2b / 8
+    assert korthikanti_layer_bytes(2048, 1, 12288, 96, 8, sequence_parallel=True) == (34 * sbh + 5 * as2b) / 8
+
+
+def test_engine_count_splits_as_the_paper_does():
+    """This engine's elements per layer: 18 sbh + 2 sb + 2 as^2b with dropout in one process;
+    6 sbh + 12 sbh/t (+ the rest) under TP, as the paper's 10 sbh + 24 sbh/t is split."""
+    from minidist.parallel.tp_formulas import engine_layer_elements
+    b, s, h, a, t = 2, 8, 48, 24, 4
+    sbh, sb, as2b = s * b * h, s * b, a * s * s * b
+    assert sum(engine_layer_elements(b, s, h, a).values()) == 18 * sbh + 2 * sb + 2 * as2b
+    assert sum(engine_layer_elements(b, s, h, a, dropout=False).values()) == 16 * sbh + 2 * sb + as2b
+    assert sum(engine_layer_elements(b, s, h, a, t=t).values()) == 6 * sbh + 12 * sbh // t + 2 * sb + 2 * as2b // t
+    assert sum(engine_layer_elements(b, s, h, a, t=t, s_r=s // t).values()) == \
+        2 * sbh + 16 * sbh // t + 2 * sb // t + 2 * as2b // t
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_03_generates_the_same_tokens(tmp_path):
+    out = tmp_path / "out.json"
+    proc = lesson03(2, "--n-layer", "1", "--block-size", "8", "--batch-size", "2", "--steps", "1",
+                    "--generate", "12", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fig = json.loads(out.read_text())["figures"]
+    assert fig["generate_same_tokens"] == 1.0 and fig["generate_logits_max_rel_diff"] <= 1e-12
+    assert fig["generate_bytes_sent"] == fig["generate_bytes_formula"] > 0
+    assert fig["generate_tokens_per_s_1_process"] > 0 and fig["generate_tokens_per_s_tp"] > 0
+    assert "same tokens: yes" in proc.stdout and "tokens/s" in proc.stdout
+    assert fig["activation_bytes_layer_tp2_SP_measured"] == fig["activation_bytes_layer_tp2_SP_engine_count"]
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@pytest.mark.parametrize("n,flags,message", [
+    (4, ["--tp", "3"], "--tp 3 must divide the 4 ranks"),
+    (2, ["--tp", "4"], "--tp 4 must divide the 2 ranks"),
+    (4, ["--tp", "2", "--batch-size", "3"], "does not divide evenly among 2 data-parallel ranks"),
+    (2, ["--generate", "-1"], "--generate: must be 0 or more, got -1"),
+], ids=["tp not dividing", "tp larger", "batch over dp", "negative generate"])
+def test_lesson_03_refuses_bad_input_once(n, flags, message):
+    proc = lesson03(n, *flags)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text
+    assert text.count(message) == 1, text
+    assert "Traceback" not in text and "verdict" not in text, text

@@ -47,7 +47,6 @@ def check_input(args, cfg, world):
     except ValueError as e:
         raise harness.InputError(f"--batch-size {args.batch_size} over {world // tp} data-parallel groups: {e}")
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
-    harness.need(args.generate >= 0, f"--generate must be 0 or more, got {args.generate}")
     return tp, rows.stop - rows.start
 
 

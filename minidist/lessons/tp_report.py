@@ -19,8 +19,8 @@ from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, generate_greedy
 from minidist.parallel.sequence_parallel import sequence_bounds
-from minidist.parallel.tp_formulas import (engine_layer_elements, generation_bytes, korthikanti_layer_bytes,
-                                           measured_saved_bytes)
+from minidist.parallel.tp_formulas import (engine_layer_elements, generation_bytes, generation_feeds,
+                                           korthikanti_layer_bytes, measured_saved_bytes)
 from minidist.parallel.tp_model import TensorParallelGPT
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
@@ -90,15 +90,6 @@ def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def _feeds(prompt, n, block_size):
-    """How many positions each of generate_greedy's n steps feeds (its own rule)."""
-    out, length = [], prompt
-    for step in range(n):
-        out.append(prompt if step == 0 else (1 if length <= block_size else block_size))
-        length += 1
-    return out
-
-
 def generation_report(model, ref, data, n, grid):
     """Greedy decoding of n tokens with the sharded model and with one process; returns
     (same tokens, figures). The prompt is the start of a validation sequence, short
@@ -139,7 +130,7 @@ def generation_report(model, ref, data, n, grid):
         rel = max(rel, d / scale)
     rel = common.mpi_reduce(comm, rel)
 
-    want_bytes = sum(generation_bytes(model, 1, f)["all_reduce"][1] for f in _feeds(p, n, cfg.block_size))
+    want_bytes = sum(generation_bytes(model, 1, f)["all_reduce"][1] for f in generation_feeds(p, n, cfg.block_size))
     got_bytes = int(common.mpi_reduce(comm, m.bytes_sent("all_reduce")))
     want_bytes = int(common.mpi_reduce(comm, want_bytes))
     one_rate, tp_rate = n / t_one[0], n / t_tp

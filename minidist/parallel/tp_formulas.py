@@ -93,6 +93,16 @@ def generation_bytes(model, batch, positions):
     sent += ring_all_reduce_sent(batch, t, r) * (item + 8)
     return {"all_reduce": (n + 2, sent)}
 
+def generation_feeds(prompt, n, block_size):
+    """How many positions each of minidist.model.generate_greedy's n steps feeds: the
+    prompt, then one token a step while the sequence fits in block_size, then the
+    cropped window of block_size (positions shift, nothing cached is valid)."""
+    out, length = [], prompt
+    for step in range(n):
+        out.append(prompt if step == 0 else (1 if length <= block_size else block_size))
+        length += 1
+    return out
+
 # ----------------------------------------------------------------------------- activation memory
 
 

@@ -26,7 +26,8 @@ from minidist.backend import to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
 from minidist.parallel.sequence_parallel import sequence_bounds
-from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG, _all_reduce,
+from minidist.parallel import tensor_parallel
+from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG,
                                                enter_region, leave_region, padded_vocab, sequence_dropout,
                                                vocab_parallel_argmax, vocab_parallel_cross_entropy,
                                                vocab_parallel_embedding, vocab_range)
@@ -324,7 +325,7 @@ class TensorParallelSync:
             params = [p for n, p in m.named_parameters() if n not in m.specs]
             flat = xp.concatenate([(p.grad if p.grad is not None else xp.zeros_like(p.data)).reshape(-1)
                                    for p in params])
-            flat = _all_reduce(m.comm, flat)
+            flat = tensor_parallel._all_reduce(m.comm, flat)
             off = 0
             for p in params:
                 p.grad = flat[off:off + p.size].reshape(p.shape).copy()
@@ -338,4 +339,4 @@ class TensorParallelSync:
         for p in params:
             if p.grad is not None:
                 sq[id(p) in sharded] += float(xp.vdot(p.grad.ravel(), p.grad.ravel()))
-        return float(_all_reduce(self.model.comm, np.array([sq[True]]))[0]) + sq[False]
+        return float(tensor_parallel._all_reduce(self.model.comm, np.array([sq[True]]))[0]) + sq[False]
