@@ -60,7 +60,8 @@ PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
 # how bad a rank's outcome is; the worst over the ranks decides (STOPPED never does: a rank
 # stops only because another reported something worse)
 S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL = range(5)
-MSG_BYTES = 400               # a status travels as 1 + MSG_BYTES bytes
+MSG_BYTES = 400
+STATUS_BYTES = 1 + 8 + MSG_BYTES   # severity, time, message
 POLL_S = 0.002
 GRACE_S = 3.0                 # after a stop: how long a check's thread may take to end
 DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
@@ -151,7 +152,11 @@ def start_check(check, fn, session=None):
             else:
                 result["v"] = (S_FAIL, f"the function called {type(e).__name__}({e}){_where(e)}")
 
-    t = threading.Thread(target=target, daemon=True)
+    def timed():
+        target()
+        result["t"] = time.time()      # when it ended: the earliest failure is usually the cause
+
+    t = threading.Thread(target=timed, daemon=True)
     t.start()
     return t, result
 
@@ -172,15 +177,17 @@ def _word(severity):
 
 # ----------------------------------------------------------------------------- agreeing, under mpirun
 
-def _encode(severity, message):
-    buf = np.zeros(1 + MSG_BYTES, np.uint8)
+def _encode(severity, message, when):
+    """A status as bytes: severity, the time it happened (float64), the message."""
+    buf = np.zeros(STATUS_BYTES, np.uint8)
     raw = message.encode("utf-8", "replace")[:MSG_BYTES]
-    buf[0], buf[1:1 + len(raw)] = severity, np.frombuffer(raw, np.uint8)
+    buf[0], buf[1:9] = severity, np.array([when], np.float64).view(np.uint8)
+    buf[9:9 + len(raw)] = np.frombuffer(raw, np.uint8)
     return buf
 
 
 def _decode(buf):
-    return int(buf[0]), bytes(buf[1:]).rstrip(b"\0").decode("utf-8", "replace")
+    return int(buf[0]), bytes(buf[9:]).rstrip(b"\0").decode("utf-8", "replace"), float(buf[1:9].view(np.float64)[0])
 
 
 class Talk:
@@ -190,13 +197,14 @@ class Talk:
         self.ctl, self.tag = ctl, tag
         self.me, self.n = ctl.Get_rank(), ctl.Get_size()
         self.others = [r for r in range(self.n) if r != self.me]
-        self.inbox = {r: np.zeros(1 + MSG_BYTES, np.uint8) for r in self.others}
+        self.inbox = {r: np.zeros(STATUS_BYTES, np.uint8) for r in self.others}
         self.recvs = {r: ctl.Irecv(b, r, tag) for r, b in self.inbox.items()}
         self.heard, self.sends = {}, []
 
-    def tell(self, severity, message):
-        self.heard[self.me] = (severity, message)
-        self.out = _encode(severity, message)
+    def tell(self, severity, message, when=None):
+        when = time.time() if when is None else when
+        self.heard[self.me] = (severity, message, when)
+        self.out = _encode(severity, message, when)
         self.sends = [self.ctl.Isend(self.out, r, self.tag) for r in self.others]
 
     def listen(self):
@@ -214,7 +222,7 @@ class Talk:
 
 
 def settle(ctl, tag, thread, result, session, timeout, multi_rank):
-    """Wait for this rank's check and hear every rank's outcome: {rank: (severity, message)}.
+    """Wait for this rank's check and hear every rank's outcome: {rank: (severity, message, when)}.
 
     This rank stops its own check when another rank reports a failure or a TODO (it is
     probably waiting for that rank) and reports a time-out when its limit passes, or when
@@ -225,9 +233,9 @@ def settle(ctl, tag, thread, result, session, timeout, multi_rank):
     while True:
         everyone = talk.listen()
         if talk.me not in talk.heard:
-            others = [s for s, _ in talk.heard.values()]
+            others = [s for s, _, _ in talk.heard.values()]
             if thread is None or not thread.is_alive():
-                talk.tell(*result["v"])
+                talk.tell(*result["v"], result.get("t"))
             elif time.monotonic() > deadline or S_TIMEOUT in others:
                 talk.tell(S_TIMEOUT, session.where() if session is not None else "busy (an endless loop?)")
             elif any(s in (S_TODO, S_FAIL) for s in others):
@@ -254,7 +262,7 @@ def release(ctl, tag, thread, session):
         if talk.me not in talk.heard and (not thread.is_alive() or time.monotonic() > grace):
             talk.tell(int(thread.is_alive()), "")
         time.sleep(POLL_S)
-    stuck = any(s for s, _ in talk.finish().values())
+    stuck = any(s for s, _, _ in talk.finish().values())
     if not stuck:
         session.free()
     elif "minidist.comm.watchdog" in sys.modules:   # reported already: its wait must not end the job
@@ -265,12 +273,16 @@ def release(ctl, tag, thread, session):
 def verdict_of(heard, timeout, multi_rank):
     """(verdict, message) from every rank's outcome: the worst wins, its rank named.
 
-    A message that every rank gave alike (a serial check) is not given a rank.
+    Among failures the earliest in time wins: when rank 1 sends a wrong chunk and rank 0
+    then computes garbage from it, rank 1's failure is the news. A message that every
+    rank gave alike (a serial check) is not given a rank.
     """
-    worst = max(s for s, _ in heard.values())
-    ranks = sorted(r for r, (s, _) in heard.items() if s == worst)
+    worst = max(s for s, _, _ in heard.values())
+    ranks = sorted(r for r, (s, _, _) in heard.items() if s == worst)
+    if worst == S_FAIL:
+        ranks.sort(key=lambda r: heard[r][2])
     n = len(heard)
-    alike = len({m for _, m in heard.values()}) == 1
+    alike = len({m for _, m, _ in heard.values()}) == 1
     if worst == S_TIMEOUT:
         if n == 1 or alike:
             text = f"did not finish within {timeout:g} s: {heard[ranks[0]][1]}"

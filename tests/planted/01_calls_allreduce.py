@@ -2,7 +2,6 @@
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm.collectives import ring_all_gather, ring_reduce_scatter  # noqa: F401
 
 
 def ring_all_reduce(comm, x, op="sum"):

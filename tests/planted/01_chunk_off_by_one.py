@@ -2,7 +2,6 @@
 receiver's buffer is the wrong length (MPI: "Message truncated")."""
 import numpy as np
 
-from minidist.comm.collectives import ring_all_gather, ring_all_reduce  # noqa: F401
 
 
 def ring_reduce_scatter(comm, x, op="sum", axis=0):

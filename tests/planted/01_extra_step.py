@@ -2,7 +2,6 @@
 brings each rank its own piece back), but each rank sends M instead of (N-1)/N M."""
 import numpy as np
 
-from minidist.comm.collectives import ring_all_reduce, ring_reduce_scatter  # noqa: F401
 
 
 def ring_all_gather(comm, x, axis=0):

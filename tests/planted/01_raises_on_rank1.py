@@ -1,7 +1,6 @@
 """Planted bug: rank 1 raises (an index error) while the others wait for its messages."""
 import numpy as np
 
-from minidist.comm.collectives import ring_all_reduce, ring_reduce_scatter  # noqa: F401
 from minidist.comm.collectives import ring_all_gather as _gather
 
 

@@ -2,7 +2,7 @@
 works; above the eager limit every Send waits for a Recv that comes after it: a deadlock."""
 import numpy as np
 
-from minidist.comm.collectives import ring_all_gather, ring_all_reduce  # noqa: F401
+from minidist.comm.collectives import ring_all_gather, ring_all_reduce  # noqa: F401  (must PASS after the deadlock)
 
 
 def ring_reduce_scatter(comm, x, op="sum", axis=0):

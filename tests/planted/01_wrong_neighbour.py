@@ -2,7 +2,6 @@
 right are the same rank and it passes; at 3 every rank waits for a message that never comes."""
 import numpy as np
 
-from minidist.comm.collectives import ring_all_gather, ring_all_reduce  # noqa: F401
 
 
 def ring_reduce_scatter(comm, x, op="sum", axis=0):
