@@ -36,6 +36,7 @@ demo: $(SETUP)
 	$(PY) -m minidist.lessons.00_single_process
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.01_collectives
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.02_data_parallel
+	$(MPIRUN) -n 8 $(PY) -m minidist.lessons.03_tensor_parallel
 
 test: $(SETUP)
 	$(PY) -m pytest -q tests
