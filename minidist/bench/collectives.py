@@ -12,7 +12,7 @@ shape-agreement message), then for MPI's own Allreduce, and the ratio ring / MPI
 The two are called in turn on every iteration, so a noisy neighbour slows both alike.
 
 Expect the ring to lose at small sizes (2(N-1) messages, each paying the latency) and
-to come close to MPI, or beat it, at large ones (REFERENCE.md's alpha-beta costs).
+to come close to MPI, or beat it, at large ones (docs/reference.md#the-alpha-beta-cost-model).
 """
 import argparse
 import sys

@@ -6,8 +6,8 @@ takes the same optimizer step and the replicas stay identical.
     mpirun -n 4 python -m minidist.lessons.02_data_parallel --naive --grad-accum 2
 
 Communication per step: one all-reduce of all gradients, 2(N-1)/N x (gradient bytes)
-sent per rank with the ring (REFERENCE.md). Memory: none saved; every rank holds the
-full parameters, gradients and optimizer state (ZeRO, lesson 05, shards them).
+sent per rank with the ring (docs/reference.md#data-parallelism). Memory: none saved; every rank holds the
+full parameters, gradients and optimizer state (ZeRO, a lesson still to come, shards them).
 
 Two versions, both kept, the difference being the lesson:
 - `NaiveDataParallel`: after backward, all-reduce each parameter's gradient in turn.

@@ -1,4 +1,4 @@
-"""Bytes counted beside REFERENCE.md's formulas, mismatches caught on every rank, agree().
+"""Bytes counted beside docs/reference.md's formulas, mismatches caught on every rank, agree().
 
     mpirun -n 3 python -m pytest -q --only-mpi tests/mpi/test_counts_and_checks.py
 """
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("n", [0, 1, 5, 24, 24 * 7 + 5])
 def test_ring_bytes_match_the_formula(comm, n):
-    """2(N-1)/N * M for all-reduce, (N-1)/N * M for each half (REFERENCE.md)."""
+    """2(N-1)/N * M for all-reduce, (N-1)/N * M for each half (docs/reference.md#ring-all-reduce)."""
     size = comm.Get_size()
     x = np.ones(n, np.float32)
     M, item = x.nbytes, x.itemsize
