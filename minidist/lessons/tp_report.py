@@ -138,8 +138,8 @@ def generation_report(model, ref, data, n, grid):
     cache_bytes = 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * np.dtype(cfg.dtype).itemsize
 
     say(f"\ngeneration: greedy, {n} tokens after a prompt of {p}, batch 1, with a KV cache")
-    harness.table([["prompt", repr(decode(prompt[0]))], ["1 process", repr(decode(ref_tokens[0, p:]))],
-                   [f"tp={model.tp}", repr(decode(tokens[0, p:]))]])
+    for label, ids in (("prompt", prompt[0]), ("1 process", ref_tokens[0, p:]), (f"tp={model.tp}", tokens[0, p:])):
+        say(f"  {label:<11} {decode(ids)!r}")
     say(f"  same tokens: {'yes' if same else 'NO'}; logits of every step: max_rel_diff {rel:.1e}"
         " (each rank's vocabulary columns, padding left out)")
     if p + n - 1 > cfg.block_size:
