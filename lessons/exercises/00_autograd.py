@@ -11,7 +11,9 @@ code, then grade your file:
     python -m minidist.grade lessons/exercises/00_autograd.py
 
 The grader compares your gradients with central differences of the forward,
-(f(x + h) - f(x - h)) / 2h, and tells you the first element that is off. Hints: write
+(f(x + h) - f(x - h)) / 2h, and tells you the first element that is off. It also checks
+that no input changed: the engine still holds the arrays it hands you, so `x *= 0` or
+writing into `probs` is a FAIL even when the returned gradient is right. Hints: write
 the shapes down first; a gradient has the shape of what it is the gradient of.
 """
 import numpy as np  # noqa: F401  (you will want it)

@@ -8,15 +8,21 @@ signature. Use only MPI's point-to-point buffer methods on NumPy arrays:
     comm.Isend(...) / comm.Irecv(...) -> request; MPI.Request.Waitall(requests)
 
 (the upper-case methods move buffers; the lower-case ones pickle Python objects: don't).
-Return new arrays and leave the input unchanged. Replace each `raise` with your code,
-then grade your file on several world sizes, odd ones too:
+No collectives (comm.Allreduce, comm.Allgather, comm.Bcast, ...): this exercise builds
+them. Return new arrays and leave the input unchanged. Replace each `raise` with your
+code, then grade your file at 3 ranks and at 4 (below 3 the grader fails these
+exercises: at 2 ranks left and right are the same rank, so a wrong neighbour would pass):
 
-    mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
     mpirun -n 3 python -m minidist.grade lessons/exercises/01_collectives.py
+    mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
 
-The grader runs every check on every rank. A ring that deadlocks (two ranks both
-waiting to receive) is reported as FAIL after a time limit. Lesson 01 draws the ring
-step by step: `mpirun -n 4 python -m minidist.lessons.01_collectives`.
+The grader runs every check on every rank and hands your functions a communicator that
+counts what each rank sends and refuses collectives. It holds you to the ring's bytes, so
+a ring with one step too many fails even when its result is right. One case is large (a
+few hundred KiB per chunk): there a Send waits until its Recv is posted, so a ring whose
+ranks all Send before they Recv deadlocks; the grader reports a deadlock as FAIL after
+--timeout seconds, naming each rank and what it was waiting for. Lesson 01 draws the
+ring step by step: `mpirun -n 4 python -m minidist.lessons.01_collectives`.
 """
 import numpy as np  # noqa: F401  (you will want it)
 from mpi4py import MPI  # noqa: F401
@@ -45,8 +51,9 @@ def ring_all_gather(comm, x, axis=0):
     """Join every rank's piece x along `axis`, in rank order; every rank gets the whole.
 
     Pieces may differ in length along `axis` (they are array_split chunks), so first
-    learn every rank's length: one small message, e.g.
-        lengths = np.empty(N, np.int64); comm.Allgather(np.array([x.shape[axis]]), lengths)
+    learn every rank's length, point-to-point too: e.g. pass the lengths round the ring
+    (N-1 Sendrecv steps of one int64 each), or send yours to every other rank. These few
+    integers are allowed for in the bytes the grader expects (up to N int64 per step).
     Then allocate the result, copy your piece into its place, and for step s = 0 .. N-2:
         send piece (r - s) % N to the right,
         receive piece (r - s - 1) % N from the left, straight into its place.
@@ -60,6 +67,6 @@ def ring_all_reduce(comm, x, op="sum"):
 
     Build it from your two functions: reduce-scatter the flattened x, divide your chunk
     by N for "avg", all-gather, reshape. 2(N-1) steps, 2(N-1)/N of the array sent per
-    rank: REFERENCE.md's formula, which lesson 01 measures.
+    rank: the formula of docs/reference.md, which lesson 01 measures.
     """
     raise NotImplementedError("exercise 1.3: ring_all_reduce")

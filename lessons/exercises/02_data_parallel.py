@@ -2,11 +2,12 @@
 
 Every rank holds the whole model and computes gradients on its own slice of the global
 batch; averaging the gradients over ranks gives exactly the gradient of the whole batch.
-Replace each `raise` with your code, then grade your file under MPI (every rank runs the
-checks; the verdicts are agreed; a deadlock is reported as FAIL after a time limit):
+Replace each `raise` with your code, then grade your file under MPI at 3 ranks and at 4
+(every rank runs the checks; the verdicts are agreed; a deadlock is reported as FAIL after
+a time limit; below 3 ranks exercise 2.1 fails and says so):
 
-    mpirun -n 4 python -m minidist.grade lessons/exercises/02_data_parallel.py
     mpirun -n 3 python -m minidist.grade lessons/exercises/02_data_parallel.py
+    mpirun -n 4 python -m minidist.grade lessons/exercises/02_data_parallel.py
 
 The package's answers are in minidist/parallel/data_parallel.py under the same names.
 """
@@ -22,7 +23,9 @@ def average_gradients(comm, grads):
     Return a new list of arrays of the same shapes: element-wise (g_0 + g_1 + ... ) / N,
     where g_r is rank r's array and N = comm.Get_size(). Leave the inputs unchanged.
     Use ring_all_reduce(comm, x, op="sum") for the communication: the grader checks that
-    the bytes went through minidist's own ring.
+    the bytes went through minidist's own ring, and the communicator it hands you refuses
+    MPI's collectives (comm.Allreduce). Divide into new arrays: `g /= N` would change the
+    caller's gradient.
     """
     raise NotImplementedError("exercise 2.1: average_gradients")
 

@@ -1,4 +1,9 @@
-"""Exercise 02's checks pass the package's own answers and catch wrong ones, on every rank."""
+"""Exercise 02's checks pass the package's own answers and catch wrong ones, on every rank.
+
+Called directly (no grader, no rule about 3 ranks); each wrong answer here is wrong on
+every rank alike. The grader's view, with bugs on one rank: tests/test_planted.py.
+"""
+import numpy as np
 import pytest
 
 from minidist.lessons.checks import ex02_data_parallel as ex02
@@ -8,20 +13,41 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("exercise", ex02.EXERCISES, ids=lambda e: e.name)
-def test_package_answer_passes(exercise):
+def test_package_answer_passes(comm, exercise):
     exercise.check(exercise.reference)
 
 
-def test_the_sum_without_dividing_fails():
-    def summed(comm, grads):
-        return [g * comm.Get_size() for g in data_parallel.average_gradients(comm, grads)]
-    if ex02.MPI.COMM_WORLD.Get_size() == 1:
+def test_the_sum_without_dividing_fails(comm):
+    def summed(c, grads):
+        return [g * c.Get_size() for g in data_parallel.average_gradients(c, grads)]
+    if comm.Get_size() == 1:
         pytest.skip("on one rank the sum is the mean")
     with pytest.raises(AssertionError, match="divide by N"):
         ex02.check_average_gradients(summed)
 
 
-def test_buckets_in_forward_order_fail():
+def test_mpis_own_allreduce_is_refused(comm):
+    def mpi(c, grads):
+        out = [np.empty_like(g) for g in grads]
+        for g, o in zip(grads, out):
+            c.Allreduce(g, o)
+        return [o / c.Get_size() for o in out]
+    with pytest.raises(AssertionError, match="called comm.Allreduce: use ring_all_reduce"):
+        ex02.check_average_gradients(mpi)
+
+
+def test_dividing_the_inputs_in_place_fails(comm):
+    def in_place(c, grads):
+        for g in grads:
+            g /= c.Get_size()
+        return data_parallel.average_gradients(c, grads)
+    if comm.Get_size() == 1:
+        pytest.skip("on one rank g / 1 leaves g as it was")
+    with pytest.raises(AssertionError, match="input gradient 0 was changed"):
+        ex02.check_average_gradients(in_place)
+
+
+def test_buckets_in_forward_order_fail(comm):
     def forward_order(nbytes, cap):
         return [[len(nbytes) - 1 - i for i in b] for b in data_parallel.assign_buckets(nbytes[::-1], cap)]
     with pytest.raises(AssertionError, match="expected"):
