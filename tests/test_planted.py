@@ -30,6 +30,7 @@ CONCRETE_01 = {
     "01_good_student.py": {"1.1": None, "1.2": None, "1.3": None},
     "01_calls_allreduce.py": {"1.3": "called comm.Allreduce: use Send/Recv/Sendrecv: this exercise builds"},
     "01_chunk_off_by_one.py": {"1.1": "at step 0, rank 1 received 3 elements from rank 0 where the ring sends 2"},
+    "01_chunk_off_by_one_irecv.py": {"1.2": "rank 1 received a message longer than its receive buffer"},
     "01_extra_step.py": {"1.2": "one ring step too many"},
     "01_in_place.py": {"1.3": "changed its input"},
     "01_raises_on_rank1.py": {"1.2": "rank 1: IndexError: list index out of range (at line 10 of "
