@@ -7,7 +7,6 @@ seed of that rank, so each rank computes the expected mean alone, with no messag
 check raises on the rank that sees the problem, and the grader agrees the verdicts.
 """
 import numpy as np
-from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.lessons.checks import Exercise, own_session
