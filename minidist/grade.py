@@ -258,10 +258,11 @@ def release(ctl, tag, thread, session):
     session.stop()
     talk = Talk(ctl, tag)
     grace = time.monotonic() + GRACE_S
+    alive = lambda: thread is not None and thread.is_alive()   # noqa: E731  (None: not run here)
     while not talk.listen():
         session.drain()
-        if talk.me not in talk.heard and (not thread.is_alive() or time.monotonic() > grace):
-            talk.tell(int(thread.is_alive()), "")
+        if talk.me not in talk.heard and (not alive() or time.monotonic() > grace):
+            talk.tell(int(alive()), "")
         time.sleep(POLL_S)
     stuck = any(s for s, _, _ in talk.finish().values())
     if not stuck:
@@ -295,7 +296,7 @@ def verdict_of(heard, timeout, multi_rank):
             text += f": {DEADLOCK}"
         return FAIL, text
     message = heard[ranks[0]][1]
-    if worst == S_FAIL and n > 1 and not alike and f"rank {ranks[0]}" not in message:
+    if worst == S_FAIL and n > 1 and not alike and not message.startswith(("rank ", "at step ")):
         message = f"rank {ranks[0]}: {message}"
     if worst == S_STOPPED:
         message = "stopped (another rank failed)"
@@ -328,6 +329,11 @@ class Grader:
         multi = ex.min_ranks > 1
         fn = getattr(student, ex.name, None)
         result, thread, session = {}, None, None
+        if multi and self.ctl is not None and not self.stuck:
+            # made on every rank alike, whatever this rank found in the student's file below:
+            # Dup is a collective, and ranks may disagree (a file that fails to import on one)
+            from minidist.lessons.checks.counting import Session
+            session = Session(self.world)
         if self.stuck:
             result["v"] = (S_FAIL, "not run: an earlier check did not finish")
         elif load_error:
@@ -341,9 +347,6 @@ class Grader:
         elif self.ctl is None:
             return run_check(ex.check, fn, self.timeout)[:2]
         else:
-            if multi:
-                from minidist.lessons.checks.counting import Session
-                session = Session(self.world)
             thread, result = start_check(ex.check, fn, session)
         if self.ctl is None:
             return _word(result["v"][0]), result["v"][1]
