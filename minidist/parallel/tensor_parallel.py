@@ -35,7 +35,7 @@ import numpy as np
 
 from minidist import ops
 from minidist.backend import to_numpy, xp
-from minidist.comm import all_reduce
+from minidist.comm import all_reduce, chunk_bounds
 from minidist.nn import Module
 from minidist.tensor import Function, Tensor
 
@@ -44,6 +44,32 @@ from minidist.tensor import Function, Tensor
 
 def _all_reduce(comm, a, op="sum"):
     return xp.asarray(all_reduce(comm, to_numpy(a), op=op))
+
+# On arrays, one function per direction: these are what the Functions below (and the
+# parallel layers) call, and what exercises 3.1-3.4 ask for
+# (lessons/exercises/03_tensor_parallel.py, graded by minidist/lessons/checks/ex03_tensor_parallel.py).
+
+
+def f_forward(comm, x):
+    """f going forward: the identity. Every rank already holds the whole input."""
+    return x
+
+
+def f_backward(comm, grad):
+    """f going back: all-reduce. Rank r's gradient of the input is only its own columns'
+    part of dX = dY A^T, (dY_r) A_r^T; the sum over the t ranks is the whole dX."""
+    return _all_reduce(comm, grad)
+
+
+def g_forward(comm, x):
+    """g going forward: all-reduce. Rank r holds X_r A_r, one partial sum of Y = X A."""
+    return _all_reduce(comm, x)
+
+
+def g_backward(comm, grad):
+    """g going back: the identity. Y is the plain sum of the parts, so each part's gradient
+    is dY itself, which every rank already holds whole."""
+    return grad
 
 
 class CopyToTensorParallel(Function):
@@ -56,11 +82,11 @@ class CopyToTensorParallel(Function):
     @staticmethod
     def forward(ctx, x, comm):
         ctx.comm = comm
-        return x
+        return f_forward(comm, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(ctx.comm, grad)
+        return f_backward(ctx.comm, grad)
 
 
 class ReduceFromTensorParallel(Function):
@@ -73,11 +99,11 @@ class ReduceFromTensorParallel(Function):
     @staticmethod
     def forward(ctx, x, comm):
         ctx.comm = comm                  # unused by the right backward; a planted bug uses it
-        return _all_reduce(comm, x)
+        return g_forward(comm, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return g_backward(ctx.comm, grad)
 
 
 def copy_to_tp(x, comm):
@@ -106,6 +132,92 @@ def leave_region(x, comm, sequence_parallel):
     return reduce_from_tp(x, comm)
 
 
+def split_for_rank(a, axis, rank, t):
+    """Rank `rank`'s piece of a whole array cut in t along `axis`: chunk `rank` of
+    numpy.array_split (pieces differ by one where the length does not divide), a view.
+
+    A column-parallel weight (in, out) is cut along axis 1, its bias along axis 0; a
+    row-parallel weight (in, out) along axis 0, its bias not at all (exercise 3.5).
+    """
+    bounds = chunk_bounds(a.shape[axis], t)
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(bounds[rank], bounds[rank + 1])
+    return a[tuple(index)]
+
+
+def column_parallel_forward(comm, x, weight, bias):
+    """Y_r = f(X) A_r + b_r: this rank's columns of Y = X A + b (exercise 3.6).
+
+    x (..., in) whole on every rank; weight (in, out_r) and bias (out_r,) or None, this
+    rank's columns. f going forward moves nothing: no communication.
+    """
+    y = ops._mm(f_forward(comm, x), weight)
+    if bias is not None:
+        y += bias
+    return y
+
+
+def column_parallel_backward(comm, x, weight, grad):
+    """(dX, dA_r, db_r) from dY_r (..., out_r), this rank's columns of dY (exercise 3.7).
+
+    dA_r = X^T dY_r and db_r = the sum of dY_r over tokens are this rank's columns,
+    local; dX = dY A^T = sum over ranks of dY_r A_r^T: f's backward all-reduces it.
+    """
+    gx, gw = ops.matmul_backward(x, weight, grad)
+    gb = grad.reshape(-1, grad.shape[-1]).sum(axis=0)
+    return f_backward(comm, gx), gw, gb
+
+
+def row_parallel_forward(comm, x, weight, bias):
+    """Y = g(X_r A_r) + b, whole on every rank (exercise 3.8).
+
+    x (..., in_r) this rank's columns of X (a column-parallel layer's output); weight
+    (in_r, out) this rank's rows of A; bias (out,) replicated, or None. The bias is added
+    once, after the sum: added before it, it would count t times.
+    """
+    y = g_forward(comm, ops._mm(x, weight))
+    return y if bias is None else y + bias
+
+
+def row_parallel_backward(comm, x, weight, grad):
+    """(dX_r, dA_r, db) from the whole dY (..., out), the same on every rank (exercise 3.9).
+
+    g going back is the identity, so everything is local: dX_r = dY A_r^T (this rank's
+    columns of dX), dA_r = X_r^T dY (its rows of dA), db = dY summed over tokens (whole).
+    """
+    grad = g_backward(comm, grad)
+    gx, gw = ops.matmul_backward(x, weight, grad)
+    return gx, gw, grad.reshape(-1, grad.shape[-1]).sum(axis=0)
+
+
+def _linear_function(forward_fn, backward_fn):
+    """An engine Function around a (forward, backward) pair of the ones above."""
+    class ParallelLinearFunction(Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias=None, comm=None):
+            ctx.comm = comm
+            ctx.save_for_backward(x, weight)
+            return forward_fn(comm, x, weight, bias)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, w = ctx.saved
+            gx, gw, gb = backward_fn(ctx.comm, x, w, grad)
+            return (gx, gw, gb) if len(ctx.needs_input_grad) == 3 else (gx, gw)
+    return ParallelLinearFunction
+
+
+ColumnParallelLinearFunction = _linear_function(column_parallel_forward, column_parallel_backward)
+ColumnParallelLinearFunction.__name__ = ColumnParallelLinearFunction.__qualname__ = "ColumnParallelLinearFunction"
+RowParallelLinearFunction = _linear_function(row_parallel_forward, row_parallel_backward)
+RowParallelLinearFunction.__name__ = RowParallelLinearFunction.__qualname__ = "RowParallelLinearFunction"
+
+
+def _apply(function, x, weight, bias, comm):
+    args = (x, weight) if bias is None else (x, weight, bias)
+    return function.apply(*args, comm=comm)
+
+
 class ColumnParallelLinear(Module):
     """y_r = x @ W[:, my columns] + b[my columns]: this rank's columns of the output.
 
@@ -117,8 +229,10 @@ class ColumnParallelLinear(Module):
         self.weight, self.bias, self.comm = weight, bias, comm
 
     def forward(self, x, sequence_parallel=False):
-        x = enter_region(x, self.comm, sequence_parallel)          # (B, T, in) whole
-        return ops.linear(x, self.weight, self.bias)                # (B, T, out / t)
+        if sequence_parallel:                                           # the all-gather, then local
+            x = enter_region(x, self.comm, sequence_parallel)          # (B, T, in) whole
+            return ops.linear(x, self.weight, self.bias)                # (B, T, out / t)
+        return _apply(ColumnParallelLinearFunction, x, self.weight, self.bias, self.comm)
 
 
 class RowParallelLinear(Module):
@@ -132,9 +246,11 @@ class RowParallelLinear(Module):
         self.weight, self.bias, self.comm = weight, bias, comm
 
     def forward(self, x, sequence_parallel=False):
-        y = ops.linear(x, self.weight)                              # (B, T, out): a partial sum
-        y = leave_region(y, self.comm, sequence_parallel)           # summed (SP: my tokens)
-        return y if self.bias is None else y + self.bias
+        if sequence_parallel:
+            y = ops.linear(x, self.weight)                              # (B, T, out): a partial sum
+            y = leave_region(y, self.comm, sequence_parallel)           # summed, my tokens
+            return y if self.bias is None else y + self.bias
+        return _apply(RowParallelLinearFunction, x, self.weight, self.bias, self.comm)
 
 # ----------------------------------------------------------------------------- vocabulary
 
@@ -162,48 +278,64 @@ def vocab_parallel_embedding(idx, weight, lo):
     return rows * Tensor(inside[..., None].astype(weight.dtype))
 
 
-class VocabParallelCrossEntropy(Function):
-    """Mean cross-entropy of logits split by vocabulary columns, without gathering them.
+def vocab_parallel_cross_entropy_forward(comm, logits, targets, lo, vocab_size):
+    """(loss, probs) of the mean cross-entropy, the (N, V) logits split by vocabulary columns
+    (exercise 3.10). Rank r holds logits[:, lo:lo+V_r], targets (N,) whole everywhere.
 
-    forward, with rank r holding columns [lo, hi) of the (N, V) logits:
       m      = all-reduce MAX of each row's local max           (N numbers)
       target = all-reduce SUM of (logit[target] - m), 0 where the target is another rank's
       s      = all-reduce SUM of each row's local sum of exp(logit - m)
       loss   = mean(log s - target)
-    backward: dlogits = (exp(logit - m) / s - one_hot(target)) / N, all of it local:
-    each rank already has the two numbers per row it needs.
-    Padded columns (ids >= vocab_size) get logit -inf: probability 0, gradient 0.
+    probs: exp(logit - m) / s, this rank's columns of the softmax (what the backward needs).
+    Padded columns (ids >= vocab_size) count as logit -inf: probability 0, gradient 0.
+    """
+    n, Vl = logits.shape
+    pad = (lo + xp.arange(Vl)) >= vocab_size
+    local_max = (xp.where(pad, -xp.inf, logits) if pad.any() else logits).max(axis=1)
+    m = _all_reduce(comm, local_max, op="max")                  # (N,)
+    probs = logits - m[:, None]                                 # a new array: logits stay as they are
+    probs[:, pad] = -xp.inf
+    inside = (targets >= lo) & (targets < lo + Vl)
+    t_local = xp.where(inside, targets - lo, 0)
+    mine = xp.where(inside, probs[xp.arange(n), t_local], 0.0)
+    target = _all_reduce(comm, mine)                            # (N,) the target's shifted logit
+    xp.exp(probs, out=probs)
+    s = _all_reduce(comm, probs.sum(axis=1))                    # (N,)
+    loss = (xp.log(s) - target).mean()
+    probs /= s[:, None]
+    return loss, probs
+
+
+def vocab_parallel_cross_entropy_backward(probs, targets, lo, grad):
+    """d(grad * loss)/d(my logits) = grad * (probs - one_hot(target)) / N, all of it local
+    (exercise 3.11): the one-hot has its 1 in this rank's columns only for its targets."""
+    n, Vl = probs.shape
+    g = probs * (grad / n)
+    rows = xp.flatnonzero((targets >= lo) & (targets < lo + Vl))
+    g[rows, targets[rows] - lo] -= grad / n
+    return g
+
+
+class VocabParallelCrossEntropy(Function):
+    """Mean cross-entropy of logits split by vocabulary columns, without gathering them.
+
+    forward: vocab_parallel_cross_entropy_forward, three all-reduces of N numbers.
+    backward: vocab_parallel_cross_entropy_backward, local: each rank already has the
+    two numbers per row it needs (m and s, inside probs).
     """
     @staticmethod
     def forward(ctx, logits, targets, lo, vocab_size, comm):
         Vl = logits.shape[-1]
-        x, t = logits.reshape(-1, Vl), targets.reshape(-1)          # (N, Vl), (N,)
-        n = len(t)
-        pad = (lo + xp.arange(Vl)) >= vocab_size
-        local_max = (xp.where(pad, -xp.inf, x) if pad.any() else x).max(axis=1)
-        m = _all_reduce(comm, local_max, op="max")                  # (N,)
-        probs = x - m[:, None]
-        probs[:, pad] = -xp.inf
-        inside = (t >= lo) & (t < lo + Vl)
-        t_local = xp.where(inside, t - lo, 0)
-        mine = xp.where(inside, probs[xp.arange(n), t_local], 0.0)
-        target = _all_reduce(comm, mine)                            # (N,) the target's shifted logit
-        xp.exp(probs, out=probs)
-        s = _all_reduce(comm, probs.sum(axis=1))                    # (N,)
-        loss = (xp.log(s) - target).mean()
-        probs /= s[:, None]
-        ctx.shape = logits.shape
-        ctx.save_for_backward(probs, t_local, inside)
+        t = targets.reshape(-1)
+        loss, probs = vocab_parallel_cross_entropy_forward(comm, logits.reshape(-1, Vl), t, lo, vocab_size)
+        ctx.shape, ctx.lo = logits.shape, lo
+        ctx.save_for_backward(probs, t)
         return xp.asarray(loss, dtype=logits.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        probs, t_local, inside = ctx.saved
-        n = probs.shape[0]
-        g = probs * (grad / n)
-        rows = xp.flatnonzero(inside)
-        g[rows, t_local[rows]] -= grad / n
-        return g.reshape(ctx.shape)
+        probs, t = ctx.saved
+        return vocab_parallel_cross_entropy_backward(probs, t, ctx.lo, grad).reshape(ctx.shape)
 
 
 def vocab_parallel_cross_entropy(logits, targets, lo, vocab_size, comm):

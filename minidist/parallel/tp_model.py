@@ -29,7 +29,7 @@ from minidist.parallel.sequence_parallel import sequence_bounds
 from minidist.parallel import tensor_parallel
 from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG,
                                                enter_region, leave_region, padded_vocab, sequence_dropout,
-                                               vocab_parallel_argmax, vocab_parallel_cross_entropy,
+                                               split_for_rank, vocab_parallel_argmax, vocab_parallel_cross_entropy,
                                                vocab_parallel_embedding, vocab_range)
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
@@ -75,7 +75,7 @@ def shard(full, spec, rank, t):
         widths[spec.axis] = (0, spec.padded - full.shape[spec.axis])
         full = xp.pad(full, widths)
     blocks = xp.split(full, spec.blocks, axis=spec.axis)
-    return xp.concatenate([xp.split(b, t, axis=spec.axis)[rank] for b in blocks], axis=spec.axis)
+    return xp.concatenate([split_for_rank(b, spec.axis, rank, t) for b in blocks], axis=spec.axis)
 
 
 def unshard(pieces, spec):

@@ -179,9 +179,9 @@ def test_no_collective_moves_the_logits(monkeypatch):
 
 
 def test_a_planted_bug_is_caught(monkeypatch):
-    """g's backward all-reducing too (instead of identity) multiplies gradients by t."""
-    monkeypatch.setattr(tpm.ReduceFromTensorParallel, "backward",
-                        staticmethod(lambda ctx, grad: tpm._all_reduce(ctx.comm, grad)))
+    """g's backward all-reducing too (instead of identity) multiplies gradients by t (g_backward is
+    what both the row-parallel layer and g after the embedding call)."""
+    monkeypatch.setattr(tpm, "g_backward", lambda comm, grad: tpm._all_reduce(comm, grad))
     rel, _, _, _, worst = run_tp()
     if WORLD > 1:
         assert rel > 1e-3, f"the planted bug went unnoticed: max_rel_diff {rel:.2e}"
