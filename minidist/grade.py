@@ -333,7 +333,7 @@ class Grader:
             # made on every rank alike, whatever this rank found in the student's file below:
             # Dup is a collective, and ranks may disagree (a file that fails to import on one)
             from minidist.lessons.checks.counting import Session
-            session = Session(self.world)
+            session = Session(self.world, split=ex.groups)
         if self.stuck:
             result["v"] = (S_FAIL, "not run: an earlier check did not finish")
         elif load_error:

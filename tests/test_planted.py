@@ -105,6 +105,16 @@ def test_planted_02_bugs_fail(tmp_path):
     assert "deadlock" not in loop["message"] and "endless loop" in loop["message"], loop
 
 
+def test_a_divisor_written_into_the_code_fails_at_4_ranks(tmp_path):
+    """`/ 4` is the mean at -n 4: exercise 2.1 is also checked on groups of 3 ranks and of 1."""
+    expected = {"02_divide_by_4.py": {"2.1": "(divide by comm.Get_size(), not by a number written in the code)"},
+                "02_good_student.py": {"2.1": None}}
+    proc, run = grade(4, [PLANTED / f for f in expected], "02", 10, tmp_path, "--only", "2.1", "--")
+    assert_rows(proc, run, expected, 10, deadlock=False)
+    bad = run["results"][0]["message"]     # the group of 3 (ranks 0-2) or rank 3 alone: whichever failed first
+    assert "in a group of 3 ranks" in bad or "rank 3 alone" in bad, bad
+
+
 def test_a_class_of_two_at_4_ranks_into_one_json(tmp_path):
     """The acceptance: mpirun -n 4 python -m minidist.grade --exercise 01 --json out.json A.py B.py"""
     a, b = tmp_path / "A.py", tmp_path / "B.py"

@@ -25,7 +25,8 @@ def average_gradients(comm, grads):
     Use ring_all_reduce(comm, x, op="sum") for the communication: the grader checks that
     the bytes went through minidist's own ring, and the communicator it hands you refuses
     MPI's collectives (comm.Allreduce). Divide into new arrays: `g /= N` would change the
-    caller's gradient.
+    caller's gradient. The grader also calls it on communicators of other sizes (a group of
+    N-1 ranks, and one rank alone), so N must come from comm.Get_size(), never from a number.
     """
     raise NotImplementedError("exercise 2.1: average_gradients")
 

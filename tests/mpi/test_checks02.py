@@ -6,6 +6,7 @@ every rank alike. The grader's view, with bugs on one rank: tests/test_planted.p
 import numpy as np
 import pytest
 
+from minidist.comm import ring_all_reduce
 from minidist.lessons.checks import ex02_data_parallel as ex02
 from minidist.parallel import data_parallel
 
@@ -24,6 +25,18 @@ def test_the_sum_without_dividing_fails(comm):
         pytest.skip("on one rank the sum is the mean")
     with pytest.raises(AssertionError, match="divide by N"):
         ex02.check_average_gradients(summed)
+
+
+def test_the_world_size_written_into_the_code_fails(comm):
+    """Right on the whole world, wrong on the groups of N-1 ranks and 1 the check adds."""
+    n = comm.Get_size()
+
+    def fixed(c, grads):
+        return [ring_all_reduce(c, g, op="sum") / n for g in grads]
+    if n == 1:
+        pytest.skip("one rank: every group has the world's size")
+    with pytest.raises(AssertionError, match="not by a number written in the code"):
+        ex02.check_average_gradients(fixed)
 
 
 def test_mpis_own_allreduce_is_refused(comm):

@@ -23,16 +23,17 @@ class Exercise:
     reference: Callable         # the package's own answer
     check: Callable             # check(fn) or check(fn, session) -> None, raises AssertionError
     min_ranks: int = 1          # the grader fails the exercise below this many ranks (1: serial)
+    groups: bool = False        # the check also needs session.sub: groups of N-1 ranks and 1 (counting.Session)
 
 
 @contextmanager
-def own_session(session):
+def own_session(session, split=False):
     """The grader's session, or (called from a test) a new one, freed afterwards."""
     if session is not None:
         yield session
         return
     from minidist.lessons.checks.counting import Session
-    session = Session()
+    session = Session(split=split)
     try:
         yield session
     finally:

@@ -56,13 +56,23 @@ def _array(buf):
 class Session:
     """One check's communicators, its stop flag and what its thread is waiting for."""
 
-    def __init__(self, world=None):
+    def __init__(self, world=None, split=False):
         world = MPI.COMM_WORLD if world is None else world
         self.comm = world.Dup()           # the student's messages
         self.ref = world.Dup()            # the check's own (referee, package shape check)
         self.stopped = threading.Event()
         self.receives = []                # (Irecv request handed to the student, what): cancelled on stop
         self.waiting = None               # "Recv from rank 2 at step 1" while blocked, else None
+        self.sub = self.group = None
+        if split:
+            # groups of another size than the world's, so that a size written into the code
+            # (divide by 4) fails at -n 4 too: ranks 0 .. N-2 form one group, rank N-1 another
+            n, r = world.Get_size(), world.Get_rank()
+            color = 1 if n > 1 and r == n - 1 else 0
+            part = world.Split(color, r)
+            self.group = list(range(n - 1)) if color == 0 and n > 1 else [r]   # its world ranks, in order
+            self.sub = Session(part)      # a session of its own, stopped, drained and freed with this one
+            part.Free()
 
     def rank(self):
         return self.comm.Get_rank()
@@ -125,6 +135,8 @@ class Session:
 
     def stop(self):
         """Stop the check's thread: every wait raises Stopped, the student's receives are cancelled."""
+        if self.sub is not None:
+            self.sub.stop()
         self.stopped.set()
         for req, _ in self.receives:
             try:
@@ -137,6 +149,9 @@ class Session:
         """Where the check's thread is, in words, for a time-out's message."""
         if self.waiting:
             return f"waiting in {self.waiting}"
+        inner = self.sub.where() if self.sub is not None else ""
+        if inner.startswith("waiting"):
+            return f"in its group of {len(self.group)} ranks, {inner}"
         pending = [what for req, what in self.receives if req != MPI.REQUEST_NULL]
         if pending:   # the student waits on its requests inside MPI (Wait, Waitall), or forgot them
             return f"waiting with {', '.join(pending[:3])} not received"
@@ -144,12 +159,16 @@ class Session:
 
     def drain(self):
         """Receive and drop every message sent to this rank: frees senders waiting for a partner."""
+        if self.sub is not None:
+            self.sub.drain()
         for comm in (self.comm, self.ref):
             st = MPI.Status()
             while (msg := comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, st)) is not None:
                 msg.Recv([np.empty(st.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
 
     def free(self):
+        if self.sub is not None:
+            self.sub.free()
         self.comm.Free()
         self.ref.Free()
 
