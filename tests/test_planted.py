@@ -49,6 +49,21 @@ ALL_02 = {
     "02_hard_coded_n.py": {"2.1": "rank 2: gradient 0", "2.2": "did not finish within"},
 }
 
+GOOD_03 = {f"3.{i}": None for i in range(1, 12)}
+ALL_03 = {
+    "03_good_student.py": GOOD_03,
+    "03_g_backward_reduces.py": {"3.2": "this rank's part only: f's backward sums the parts",
+                                 "3.4": "the sum over ranks: g's backward is the identity"},
+    "03_row_bias_every_rank.py": {"3.7": "ranks disagree on the input", "3.8": "the bias counted 4 times"},
+    "03_split_wrong.py": {"3.5": "got shape (3, 9), expected (6, 5); a column-parallel weight (in, out) is cut along "
+                                 "axis 1", "3.11": "vocab-parallel loss backward for rank"},
+    "03_split_even_only.py": {"3.5": "got shape (6, 4), expected (6, 5)"},
+    "03_split_neighbour.py": {"3.5": "(that is rank 1's piece)"},
+    "03_local_max.py": {"3.10": "the loss of the vocab-parallel loss"},
+    "03_gathers_logits.py": {"3.10": "is the size of the whole logits"},
+    "03_in_place.py": {"3.10": "changed its input number 1 (an in-place write)"},
+}
+
 
 def grade(ranks, files, exercise, timeout, tmp_path, *extra):
     out = tmp_path / "out.json"
@@ -103,6 +118,17 @@ def test_planted_02_bugs_fail(tmp_path):
     assert_rows(proc, run, ALL_02, timeout, deadlock=True)
     loop = next(r for r in run["results"] if r["file"].endswith("02_hard_coded_n.py") and r["exercise"] == "2.2")
     assert "deadlock" not in loop["message"] and "endless loop" in loop["message"], loop
+
+
+def test_planted_03_bugs_fail_and_the_stubs_are_todo(tmp_path):
+    """At 4 ranks: a correct file PASSes, each bug students write FAILs in words, at once;
+    the untouched stubs are TODO."""
+    stubs = ROOT / "lessons" / "exercises" / "03_tensor_parallel.py"
+    proc, run = grade(4, [stubs] + [PLANTED / f for f in ALL_03], "03", 10, tmp_path)
+    rows = [r for r in run["results"] if r["file"] == str(stubs)]
+    assert [r["verdict"] for r in rows] == ["TODO"] * 11, rows
+    run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
+    assert_rows(proc, run, ALL_03, 10, deadlock=False)
 
 
 def test_a_divisor_written_into_the_code_fails_at_4_ranks(tmp_path):
