@@ -11,8 +11,8 @@ Imports each student file as a module and runs the lesson's checks on its functi
   TODO  the stub still raises NotImplementedError.
 Which checks apply comes from --exercise, or else from the file's name (01_collectives.py).
 
-Multi-rank exercises (01, and 2.1) need at least 3 ranks: at 2 the left and right
-neighbours of a ring are the same rank, so a ring with the wrong neighbour would pass.
+Multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks: at 2
+the left and right neighbours of a ring are the same rank, so a wrong neighbour would pass.
 Below that (or without mpirun) they FAIL and say so; the grader does not relaunch
 itself. Grade at 3 and at 4 ranks.
 
@@ -44,9 +44,9 @@ import numpy as np
 
 from minidist.failfast import agreed_exit
 
-EPILOG = """ranks: multi-rank exercises (01, and 2.1) need at least 3 ranks (at 2, a ring's left and
-right neighbours are the same rank, so a wrong neighbour would pass); below that, or without
-mpirun, they FAIL and say so. Grade at 3 and at 4 ranks: mpirun -n 3 python -m minidist.grade ...
+EPILOG = """ranks: multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks
+(at 2, a ring's left and right neighbours are the same rank, so a wrong neighbour would
+pass); below that, or without mpirun, they FAIL and say so. Grade at 3 and at 4 ranks: mpirun -n 3 python -m minidist.grade ...
 
 exit codes:
   0  every exercise of every file passes
