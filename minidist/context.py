@@ -11,7 +11,24 @@ activation checkpointing and several parallel strategies trade against compute a
 communication. `MEMORY` counts their bytes while their node is alive: `live_bytes` now,
 `peak_bytes` since the last `reset_peak()`. Parameters a node saves are not counted
 (they are held anyway), and an array saved twice by one node counts once.
+
+Parameters gathered on demand (ZeRO stage 3, FSDP: minidist/parallel/zero.py) are in
+`ON_DEMAND`: a node that saves such a parameter's array keeps the parameter instead and
+reads its `.data` when backward asks (`ctx.saved`), so freeing the gathered array after
+forward really frees it, and the backward sees the array gathered again for it.
 """
+import weakref
+
+# Parameters whose .data is gathered before use and freed after (ZeRO-3, FSDP)
+ON_DEMAND = weakref.WeakSet()
+
+
+class _Later:
+    """A saved parameter, read at backward time: `param.data` as it is then."""
+    __slots__ = ("param",)
+
+    def __init__(self, param):
+        self.param = param
 
 # ----------------------------------------------------------------------------- the meter
 
@@ -40,17 +57,34 @@ MEMORY = _Memory()
 class Context:
     """What a Function's forward leaves for its backward."""
 
-    def __init__(self, needs_input_grad, param_ids, recording):
+    def __init__(self, needs_input_grad, param_ids, recording, params=()):
         self.needs_input_grad = needs_input_grad  # one bool per positional input
         self.saved = ()
         self._param_ids = param_ids               # ids of parameter arrays: not activations
+        self._params = params                     # the parameter tensors themselves
         self._recording = recording
         self._bytes = 0
+
+    @property
+    def saved(self):
+        s = self._saved
+        if s is None or not self._lazy:
+            return s
+        return tuple(a.param.data if isinstance(a, _Later) else a for a in s)
+
+    @saved.setter
+    def saved(self, arrays):
+        self._saved, self._lazy = arrays, False
 
     def save_for_backward(self, *arrays):
         if not self._recording:                   # under no_grad nothing is kept
             return
         self.saved = arrays
+        if ON_DEMAND and self._params:            # keep gathered parameters by reference
+            later = {id(t.data): t for t in self._params if t in ON_DEMAND}
+            if later:
+                self._saved = tuple(_Later(later[id(a)]) if id(a) in later else a for a in arrays)
+                self._lazy = True
         seen = set(self._param_ids)               # count a shared buffer once per node
         n = 0
         for a in arrays:

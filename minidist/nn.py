@@ -28,7 +28,27 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kw):
-        return self.forward(*args, **kw)
+        hooks = self.__dict__.get("_forward_hooks")
+        if not hooks:
+            return self.forward(*args, **kw)
+        for pre, _ in hooks:                      # e.g. ZeRO-3 / FSDP gather the parameters
+            if pre is not None:
+                pre(self, args)
+        out = self.forward(*args, **kw)
+        for _, post in hooks:                     # ... and free them, or mark the output
+            if post is not None:
+                res = post(self, args, out)
+                out = out if res is None else res
+        return out
+
+    def register_forward_hooks(self, pre=None, post=None):
+        """pre(module, args) runs before forward, post(module, args, output) after it
+        (what post returns, unless None, replaces the output), as PyTorch's forward
+        pre-hooks and hooks. Returns a handle whose remove() takes them off."""
+        hooks = self.__dict__.setdefault("_forward_hooks", [])
+        entry = (pre, post)
+        hooks.append(entry)
+        return _ForwardHookHandle(hooks, entry)
 
     def named_modules(self, prefix=""):
         yield prefix, self
@@ -78,6 +98,15 @@ class Module:
             if tuple(a.shape) != p.shape:
                 raise ValueError(f"load_state_dict: {name} has shape {tuple(a.shape)}, the model expects {p.shape}")
             p.data = xp.asarray(a, dtype=p.dtype).copy()
+
+
+class _ForwardHookHandle:
+    def __init__(self, hooks, entry):
+        self.hooks, self.entry = hooks, entry
+
+    def remove(self):
+        if self.entry in self.hooks:
+            self.hooks.remove(self.entry)
 
 
 class ModuleList(Module):

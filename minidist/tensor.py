@@ -91,9 +91,9 @@ class Function:
         arrays = [t.data if isinstance(t, Tensor) else t for t in inputs]
         needs = tuple(isinstance(t, Tensor) and t.requires_grad for t in inputs)
         record = _GRAD_ENABLED and any(needs)
-        params = [id(t.data) for t in inputs if isinstance(t, Tensor) and t.requires_grad
+        params = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad
                   and t._node is None] if record else ()
-        ctx = Context(needs, params, record)
+        ctx = Context(needs, [id(t.data) for t in params], record, params)
         out = cls.forward(ctx, *arrays, **kw)
         many = isinstance(out, tuple)
         outs = out if many else (out,)

@@ -97,13 +97,17 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
         total += loss.item() / k
     if dp is not None:
         dp.sync()
+    # ZeRO keeps each rank's partition of the gradients outside the model: its dp slot
+    # names them (named_grads) and hands over the tensors holding them (grad_params)
+    named = dp.named_grads() if hasattr(dp, "named_grads") else model.named_parameters()
     if raw_grads is not None:
-        for name, p in model.named_parameters():
+        for name, p in named:
             raw_grads[name] = None if p.grad is None else xp.array(p.grad)   # a copy
     norm = None
     if grad_clip:       # the norm of the whole model: a sharded model's dp slot supplies it
-        norm_sq = dp.grad_norm_sq(params) if hasattr(dp, "grad_norm_sq") else None
-        norm = clip_grad_norm(params, grad_clip, norm_sq)
+        held = [p for _, p in named] if hasattr(dp, "named_grads") else params
+        norm_sq = dp.grad_norm_sq(held) if hasattr(dp, "grad_norm_sq") else None
+        norm = clip_grad_norm(held, grad_clip, norm_sq)
     optimizer.set_lr(lr)
     optimizer.step()
     return total, norm

@@ -38,6 +38,7 @@ _tags = {}   # one counter per communicator: its ranks start its all-reduces in 
 
 class RingAllReduce:
     """The state of one ring all-reduce in flight: which step, which messages posted."""
+    name = "all_reduce"                           # what stats counts it under
 
     def __init__(self, comm, x, op="sum", tag=None, check=True):
         self.t_start, self.t_end = time.perf_counter(), None
@@ -55,7 +56,7 @@ class RingAllReduce:
         self.step, self.n_steps = 0, 2 * (self.size - 1)
         self.requests = []                        # the Isend/Irecv of the step in flight
         self.recv_c = None
-        stats.add("all_reduce", calls=1)
+        stats.add(self.name, calls=1)
         self._check, self._error = None, None
         if check:                                 # shapes and dtypes: MPI's own Iallgather
             mine, table = post(comm, x, op, name="ring_all_reduce_start")
@@ -84,7 +85,7 @@ class RingAllReduce:
         recvbuf = self._chunk(self.out, self.recv_c)
         self.requests = [self.comm.Irecv(recvbuf, (r - 1) % n, self.tag),
                          self.comm.Isend(sendbuf, (r + 1) % n, self.tag)]
-        stats.add("all_reduce", sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
+        stats.add(self.name, sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
 
     def _finish_step(self):
         """The step's messages are done: add my piece to the received partial sum."""
@@ -157,3 +158,68 @@ class RingAllReduce:
 def ring_all_reduce_start(comm, x, op="sum", tag=None, check=True):
     """Start a non-blocking ring all-reduce of x; returns a RingAllReduce handle."""
     return RingAllReduce(comm, x, op, tag, check)
+
+
+class RingReduceScatter(RingAllReduce):
+    """The ring all-reduce's first phase alone, in the background (ZeRO-2's overlap):
+    N-1 steps; the result is chunk `rank` of numpy.array_split(sum, N), counted as
+    "reduce_scatter"."""
+    name = "reduce_scatter"
+
+    def __init__(self, comm, x, op="sum", tag=None, check=True):
+        super().__init__(comm, x, op, tag, check)
+        self.n_steps = self.size - 1
+        if self.size == 1:
+            self._complete()
+
+    def wait(self):
+        super().wait()
+        return self.result
+
+    @property
+    def result(self):
+        if not self.done:
+            raise RuntimeError("the reduce-scatter is still in flight: call wait() first")
+        return self._chunk(self.out, self.rank)
+
+
+class RingAllGather(RingAllReduce):
+    """The ring all-reduce's second phase alone, in the background (FSDP's prefetch):
+    rank r brings chunk r of numpy.array_split(full, N) of a length-n array, and every
+    rank ends with the full array, counted as "all_gather". The chunks' lengths differ
+    by design, so the check is this rank's own (its chunk must be chunk r's length)."""
+    name = "all_gather"
+
+    def __init__(self, comm, chunk, n, tag=None):
+        self.t_start, self.t_end = time.perf_counter(), None
+        self.comm, self.op = comm, "sum"
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        if tag is None:
+            counter = _tags.setdefault(comm.py2f(), itertools.count())
+            tag = TAG_BASE + next(counter) % TAG_SPAN
+        self.tag = tag
+        chunk = np.asarray(chunk).reshape(-1)
+        refuse(comm, chunk, "ring_all_gather_start", op="sum")
+        self.bounds = chunk_bounds(n, self.size)
+        lo, hi = self.bounds[self.rank], self.bounds[self.rank + 1]
+        if hi - lo != chunk.size:
+            raise ValueError(f"rank {self.rank} brings {chunk.size} values; chunk {self.rank} of "
+                             f"{n} has {hi - lo}")
+        self.shape = (n,)
+        self.src = self.out = np.empty(n, chunk.dtype)
+        self.out[lo:hi] = chunk                   # my own piece, in its place
+        self.step, self.n_steps = self.size - 1, 2 * (self.size - 1)   # phase two only
+        self.requests, self.recv_c = [], None
+        stats.add(self.name, calls=1)
+        self._check, self._error = None, None
+        self.test()                               # post the first step right away
+
+
+def ring_reduce_scatter_start(comm, x, op="sum", tag=None, check=True):
+    """Start a non-blocking ring reduce-scatter of x (flat); wait() returns this rank's chunk."""
+    return RingReduceScatter(comm, np.asarray(x).reshape(-1), op, tag, check)
+
+
+def ring_all_gather_start(comm, chunk, n, tag=None):
+    """Start a non-blocking ring all-gather of flat chunks into a length-n array."""
+    return RingAllGather(comm, chunk, n, tag)
