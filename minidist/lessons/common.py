@@ -133,10 +133,12 @@ def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=
         loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp, raw_grads=raw)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-        for name, p in model.named_parameters():
+        # a sharded run (ZeRO) names the pieces of the gradient it holds: "NAME[a:b]"
+        held = dp.named_grads() if hasattr(dp, "named_grads") else model.named_parameters()
+        for name, p in held:
             g = raw[name]
             state[f"grad:{name}@step{step}"] = np.zeros(p.shape, p.dtype) if g is None else to_numpy(g)
-    for name, p in model.named_parameters():
+    for name, p in (dp.named_weights() if hasattr(dp, "named_weights") else model.named_parameters()):
         state[f"weight:{name}"] = to_numpy(p.data).copy()
     return losses, state, times
 
