@@ -1,0 +1,189 @@
+"""FSDP (Zhao et al. 2023, arXiv 2304.11277): ZeRO stage 3 unit by unit, PyTorch's way.
+
+    mpirun -n 4 python -m minidist.lessons.06_fsdp
+    mpirun -n 4 python -m minidist.lessons.06_fsdp --no-reshard --no-prefetch
+
+The model is cut into units: one per transformer block, and the root unit with the rest
+(token and position tables, the last layer norm; the output head is the token table).
+Each unit's parameters lie end to end in one flat buffer cut as numpy.array_split cuts
+it; a rank keeps its shard only (1/N of the unit). Around each block:
+
+    forward:   all-gather the unit -> compute -> free (reshard_after_forward)
+    backward:  all-gather it again -> compute -> reduce-scatter its gradients -> free
+
+The root unit is gathered when the model's forward starts and freed once its gradients
+are reduced: its tables are used first in forward and last in backward (the head, tied
+to the token table, is the first op of backward), so resharding it would only gather
+it back at once (PyTorch's FSDP keeps its root unit too).
+
+Values sent per rank per micro-batch, ring factor (N-1)/N: all-gather Psi forward, Psi_blocks
+backward (none with reshard_after_forward=False), reduce-scatter Psi. Parameter memory:
+my shards (Psi/N) plus the gathered units: the root and one block (two while a prefetch
+is in flight; all of them without resharding).
+
+`prefetch=True` starts the next unit's all-gather (non-blocking, the ring's second phase
+alone: comm.nonblocking.RingAllGather) when a unit starts, so it travels while the unit
+computes; backward's ops call test() in between (MPI moves data only inside MPI calls).
+
+This file holds the units; the optimizer and train_step's slot are zero.ZeRO's (FSDP
+is `ZeRO(..., stage=3)` with the units' choices). Flat buffers rather than each
+parameter split along dim 0 (FSDP2): one message per unit, and the same partitioning as
+stages 1 and 2, so one exercise covers both.
+"""
+import contextlib
+import time
+
+import numpy as np
+
+from minidist import context
+from minidist.comm import ring_all_gather, ring_reduce_scatter
+from minidist.comm.nonblocking import ring_all_gather_start
+from minidist.tensor import Function, backward_step_callback
+
+EMPTY = {}   # dtype -> the zero-size array a freed parameter points at
+
+
+def gather_params(comm, group):
+    """All-gather a unit's shards into one flat buffer and point its parameters at views
+    of it. Returns the buffer. (Exercise 5.3, first part.)"""
+    full = ring_all_gather(comm, group.shard)
+    group.point(full)                      # each parameter a view of its part of `full`
+    return full
+
+
+def free_params(group):
+    """Point a unit's parameters at an empty array: the gathered buffer goes (nodes of the
+    graph saved these parameters by reference, context.ON_DEMAND). (Exercise 5.3.)"""
+    empty = EMPTY.setdefault(group.dtype, np.empty(0, group.dtype))
+    for p in group.params:
+        p.data = empty
+
+
+def reduce_grads(comm, group):
+    """Reduce-scatter a unit's gradients (/ N) into my shard's gradient; drop the full ones."""
+    group.add_grad(ring_reduce_scatter(comm, group.flat_grads(), op="sum") / comm.Get_size())
+
+
+def FSDP(model, opt, comm, reshard_after_forward=True, prefetch=True):
+    """The optimizer and train_step's slot of an FSDP run: ZeRO stage 3 with these choices."""
+    from minidist.parallel.zero import ZeRO
+    return ZeRO(model, opt, comm, stage=3, reshard_after_forward=reshard_after_forward, prefetch=prefetch)
+
+
+class PreBackward(Function):
+    """Identity forward; backward gathers the unit that produced x before its backward runs
+    (every node of the unit runs after this one in backward: they all made x)."""
+
+    @staticmethod
+    def forward(ctx, x, units=None, u=None):
+        ctx.units, ctx.u = units, u
+        return x.view()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.units.before_backward(ctx.u)
+        return grad
+
+
+class Units:
+    """The units of a GPT, their shards, and when they are gathered and freed."""
+
+    def __init__(self, model, comm, reshard_after_forward=True, prefetch=False):
+        from minidist.parallel.zero import Group
+        self.comm, self.reshard, self.prefetch = comm, reshard_after_forward, prefetch
+        blocks = list(model.transformer.h)
+        prefixes = [f"transformer.h.{i}." for i in range(len(blocks))]
+        named = model.named_parameters()
+        per_block = [[(n, p) for n, p in named if n.startswith(pre)] for pre in prefixes]
+        root = [(n, p) for n, p in named if not any(n.startswith(pre) for pre in prefixes)]
+        self.groups = [Group(root, comm, shard=True)] + [Group(b, comm, shard=True) for b in per_block]
+        self.names = ["root"] + [f"block {i}" for i in range(len(blocks))]
+        for g in self.groups:
+            free_params(g)
+            for p in g.params:
+                context.ON_DEMAND.add(p)
+        self.unit_of = {id(p): u for u, g in enumerate(self.groups) for p in g.params}
+        self.hooks = [model.register_forward_hooks(pre=lambda m, a: self.gather(0))]
+        for i, blk in enumerate(blocks):
+            self.hooks.append(blk.register_forward_hooks(
+                pre=lambda m, a, u=i + 1: self.before_forward(u),
+                post=lambda m, a, out, u=i + 1: self.after_forward(u, out)))
+        self.hooks += [p.register_grad_ready_hook(self._grad_ready) for _, p in named]
+        self.gathered, self.handles = {}, {}
+        self.live = self.peak = 0              # bytes of gathered parameters, now and at most
+        self.events = []                       # (unit, what, t0, t1) for the timeline
+        self.pending = {}
+
+    # -- gather and free, with the bookkeeping the lesson prints
+    def gather(self, u, why="gather"):
+        if u in self.gathered:
+            return
+        t0 = time.perf_counter()
+        g = self.groups[u]
+        if u in self.handles:                 # a prefetch brought it (or is bringing it)
+            full = self.handles.pop(u).wait()
+            g.point(full)
+            why = "wait"
+        else:
+            full = gather_params(self.comm, g)
+            self._count(full.nbytes)
+        self.gathered[u] = full
+        self.events.append((u, why, t0, time.perf_counter()))
+
+    def _count(self, nbytes):
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def start_prefetch(self, u):
+        if 0 < u < len(self.groups) and u not in self.gathered and u not in self.handles:
+            g = self.groups[u]
+            self.handles[u] = ring_all_gather_start(self.comm, g.shard, g.n)
+            self._count(g.n * g.shard.itemsize)
+            self.events.append((u, "prefetch", time.perf_counter(), time.perf_counter()))
+
+    def free(self, u):
+        if u not in self.gathered:
+            return
+        full = self.gathered.pop(u)
+        free_params(self.groups[u])
+        self.live -= full.nbytes
+        self.events.append((u, "free", time.perf_counter(), time.perf_counter()))
+
+    # -- the hooks
+    def before_forward(self, u):
+        self.gather(u)
+        if self.prefetch:
+            self.start_prefetch(u + 1)
+
+    def after_forward(self, u, out):
+        if self.reshard:
+            self.free(u)
+        return PreBackward.apply(out, units=self, u=u)
+
+    def before_backward(self, u):
+        self.gather(u, "gather (backward)")
+        if self.prefetch:
+            self.start_prefetch(u - 1)
+
+    def _progress(self):
+        for h in self.handles.values():
+            h.test()
+
+    @contextlib.contextmanager
+    def backward_context(self):
+        self.pending = {u: len(g.params) for u, g in enumerate(self.groups)}
+        with backward_step_callback(self._progress) if self.prefetch else contextlib.nullcontext():
+            yield
+
+    def _grad_ready(self, p):
+        u = self.unit_of[id(p)]
+        self.pending[u] -= 1
+        if self.pending[u] == 0:              # the unit's backward is over
+            t0 = time.perf_counter()
+            reduce_grads(self.comm, self.groups[u])
+            self.events.append((u, "reduce-scatter", t0, time.perf_counter()))
+            self.free(u)
+
+    def remove_hooks(self):
+        for h in self.hooks:
+            h.remove()
