@@ -72,6 +72,7 @@ class Group:
         self.shapes = [p.shape for p in self.params]   # kept: a freed parameter's array is empty
         self.offsets = np.cumsum([0] + [p.size for p in self.params]).tolist()
         self.n, self.dtype = self.offsets[-1], self.params[0].dtype
+        self.shard_itemsize = self.params[0].data.itemsize
         self.lo, self.hi = partition(self.n, comm.Get_size(), comm.Get_rank())
         self.shard = self.flat_data()[self.lo:self.hi].copy() if shard else None
         self.grad = None                            # my partition's gradient, summed over ranks / N
@@ -291,3 +292,52 @@ def reference_slice(key, ref_state):
     span, tail = rest.split("]", 1)
     a, b = (int(v) for v in span.split(":"))
     return np.asarray(ref_state[head + tail]).reshape(-1)[a:b]
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def expected_sent(zero, micro_batches=1):
+    """Bytes this rank sends per step, {collective: bytes}, counted chunk by chunk from the
+    ring (uneven array_split chunks included): what the measurement must equal exactly.
+
+    Stage 1: one reduce-scatter and one all-gather of every group per step. Stage 2: a
+    reduce-scatter per micro-batch (the full gradient is never kept), one all-gather.
+    Stage 3: per micro-batch, every unit gathered for forward, the blocks again for
+    backward (when resharded), every unit reduce-scattered; no all-gather after the step.
+    """
+    from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
+    size, rank = zero.comm.Get_size(), zero.comm.Get_rank()
+    rs = lambda g: ring_reduce_scatter_sent(g.n, 1, size, rank) * g.shard_itemsize   # noqa: E731
+    ag = lambda g: ring_all_gather_sent(g.n, 1, size, rank) * g.shard_itemsize       # noqa: E731
+    k = 1 if zero.stage == 1 else micro_batches
+    out = {"reduce_scatter": k * sum(rs(g) for g in zero.groups)}
+    if zero.stage < 3:
+        out["all_gather"] = sum(ag(g) for g in zero.groups)
+    else:
+        again = zero.groups[1:] if zero.units.reshard else []
+        out["all_gather"] = k * (sum(ag(g) for g in zero.groups) + sum(ag(g) for g in again))
+    return out
+
+
+def paper_sent(stage, psi, size, itemsize, micro_batches=1, root=0):
+    """The paper's count, bytes per rank per step: (N-1)/N x (2 Psi for stages 0-2, 3 Psi
+    for stage 3, less the root unit's backward gather `root` this code never makes)."""
+    f = (size - 1) / size * itemsize
+    if stage == 0:
+        return f * 2 * psi
+    if stage == 3:
+        return f * micro_batches * (3 * psi - root)
+    return f * ((psi if stage == 1 else micro_batches * psi) + psi)
+
+
+def paper_memory(stage, psi, size, itemsize, k_bytes=None):
+    """Bytes per rank by category, the paper's accounting for this run's dtype: weights and
+    gradients of `itemsize` bytes, AdamW's m and v (2 itemsize per parameter, k_bytes to
+    override: 12 for mixed precision's fp32 master, m and v). Stage 1 keeps the whole local
+    gradient and its reduced partition; the reduced partition is all stages 2 and 3 keep."""
+    k_bytes = 2 * itemsize if k_bytes is None else k_bytes
+    part = psi / size
+    return {"params": itemsize * (part if stage == 3 else psi),
+            "grads": itemsize * (psi if stage == 0 else psi + part if stage == 1 else part),
+            "optimizer": k_bytes * (psi if stage == 0 else part)}

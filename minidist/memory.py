@@ -1,0 +1,103 @@
+"""The memory calculator: bytes per device of training with Adam, by ZeRO stage, and the
+activations per layer by Korthikanti et al.'s formulas; sizes far beyond this machine.
+
+    python -m minidist.memory --params 7.5e9 --dp 64
+    python -m minidist.memory --params 70e9 --dp 8 --seq 4096 --batch 1 --hidden 8192 \
+        --heads 64 --layers 80 --tp 8 --sequence-parallel --recompute selective --json
+
+Model states, mixed-precision Adam as the ZeRO paper counts them (Rajbhandari et al.
+2020, docs/reference.md#zero-memory-and-communication): 2 bytes of fp16/bf16 weights,
+2 of gradients, K = 12 of fp32 master weights, momentum and variance per parameter:
+stage 0 (data parallelism) (2+2+K) Psi; 1: 4 Psi + K Psi/N; 2: 2 Psi + (2+K) Psi/N;
+3: (2+2+K) Psi/N. The paper's example, 7.5B on 64 devices: 120, 31.4, 16.6, 1.9 GB.
+
+Activations per layer (docs/reference.md#activation-memory-per-layer): 16-bit values,
+1-byte dropout masks, tp_formulas.korthikanti_layer_bytes for none; selective
+recomputation drops the 5as^2b attention term; full keeps each layer's input, 2sbh
+(divided by t under sequence parallelism).
+"""
+import argparse
+import json
+import math
+import sys
+
+from minidist.parallel.tp_formulas import korthikanti_layer_bytes
+
+K_ADAM = 12        # fp32 master weights, momentum, variance: bytes per parameter
+GB = 1e9           # the paper's GB
+
+
+def model_state_bytes(psi, n, k=K_ADAM):
+    """{stage: bytes per device} for stages 0-3 (the ZeRO paper's Figure 1 accounting)."""
+    return {0: (2 + 2 + k) * psi, 1: 2 * psi + 2 * psi + k * psi / n,
+            2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}
+
+
+def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none"):
+    """Bytes of activations one layer keeps for backward, per tensor-parallel rank."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    full = korthikanti_layer_bytes(s, b, h, a, t, sequence_parallel)
+    if recompute == "selective":                     # the attention scores are recomputed
+        return full - 5 * a * s * s * b / t
+    return full
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            v = kind(float(text)) if kind is int else float(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        if not math.isfinite(v) or v <= 0 or (kind is int and float(text) != v):
+            raise argparse.ArgumentTypeError(f"expected a positive {'whole ' if kind is int else ''}number, got {text!r}")
+        return v
+    return parse
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m minidist.memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=_positive(float), required=True, help="parameter count Psi, e.g. 7.5e9")
+    p.add_argument("--dp", type=_positive(int), required=True, help="data-parallel devices N_d")
+    for name, helptext in (("seq", "sequence length s"), ("batch", "micro-batch b"), ("hidden", "hidden size h"),
+                           ("heads", "attention heads a"), ("layers", "layers L")):
+        p.add_argument(f"--{name}", type=_positive(int), help=helptext)
+    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel size t (default 1)")
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    states = model_state_bytes(args.params, args.dp)
+    shape = [args.seq, args.batch, args.hidden, args.heads, args.layers]
+    acts = None
+    if any(v is not None for v in shape):
+        if any(v is None for v in shape):
+            p.error("activations need all of --seq, --batch, --hidden, --heads and --layers")
+        per_layer = activation_layer_bytes(args.seq, args.batch, args.hidden, args.heads, args.tp,
+                                           args.sequence_parallel, args.recompute)
+        acts = {"per_layer": per_layer, "total": per_layer * args.layers, "tp": args.tp,
+                "sequence_parallel": args.sequence_parallel, "recompute": args.recompute}
+    if args.json:
+        print(json.dumps({"params": args.params, "dp": args.dp,
+                          "bytes_per_device": {str(k): v for k, v in states.items()}, "activations": acts}))
+        return 0
+    print(f"model states per device, mixed-precision Adam (2 + 2 + {K_ADAM} bytes per parameter), "
+          f"Psi = {args.params:g}, N_d = {args.dp}")
+    labels = {0: "data parallel", 1: "ZeRO stage 1", 2: "ZeRO stage 2", 3: "ZeRO stage 3"}
+    formulas = {0: "(2+2+K) Psi", 1: "4 Psi + K Psi/N_d", 2: "2 Psi + (2+K) Psi/N_d", 3: "(2+2+K) Psi/N_d"}
+    for s in range(4):
+        print(f"  stage {s}  {labels[s]:<14} {formulas[s]:<22} {states[s] / GB:10.2f} GB")
+    if acts:
+        print(f"activations (Korthikanti et al. 2022; t = {args.tp}"
+              f"{', sequence parallel' if args.sequence_parallel else ''}, recompute {args.recompute})")
+        print(f"  per layer {acts['per_layer'] / GB:10.3f} GB   all {args.layers} layers {acts['total'] / GB:10.2f} GB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

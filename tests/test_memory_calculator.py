@@ -1,0 +1,60 @@
+"""The memory calculator (python -m minidist.memory): the ZeRO paper's example, the --json
+shape, Korthikanti et al.'s activation formulas, and bad input (exit 2, one message)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minidist.memory import activation_layer_bytes, model_state_bytes
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, "-m", "minidist.memory", *argv], capture_output=True, text=True)
+
+
+def test_paper_example_7_5b_on_64():
+    """Rajbhandari et al. 2020, Figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
+    gb = {s: v / 1e9 for s, v in model_state_bytes(7.5e9, 64).items()}
+    assert gb[0] == pytest.approx(120.0)
+    assert round(gb[1], 1) == 31.4 and round(gb[2], 1) == 16.6 and round(gb[3], 1) == 1.9
+    out = run("--params", "7.5e9", "--dp", "64")
+    assert out.returncode == 0, out.stderr
+    for figure in ("120.00 GB", "31.41 GB", "16.64 GB", "1.88 GB"):
+        assert figure in out.stdout
+
+
+def test_seed_70b_is_16_bytes_per_parameter():
+    assert model_state_bytes(70e9, 1)[0] == 1.12e12     # the seed notes: about 1.12 TB
+
+
+def test_json_shape():
+    out = run("--params", "7.5e9", "--dp", "64", "--json")
+    rep = json.loads(out.stdout)
+    assert set(rep) == {"params", "dp", "bytes_per_device", "activations"}
+    assert set(rep["bytes_per_device"]) == {"0", "1", "2", "3"} and rep["activations"] is None
+    assert rep["bytes_per_device"]["3"] == 16 * 7.5e9 / 64
+    out = run("--params", "1e9", "--dp", "8", "--seq", "2048", "--batch", "1", "--hidden", "4096",
+              "--heads", "32", "--layers", "4", "--tp", "2", "--json")
+    acts = json.loads(out.stdout)["activations"]
+    s, b, h, a, t = 2048, 1, 4096, 32, 2
+    assert acts["per_layer"] == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert acts["total"] == 4 * acts["per_layer"]
+
+
+def test_activation_formulas_by_hand():
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    assert activation_layer_bytes(s, b, h, a) == s * b * h * (34 + 5 * a * s / h)
+    assert activation_layer_bytes(s, b, h, a, t, True) == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)
+    assert activation_layer_bytes(s, b, h, a, t, True, "selective") == pytest.approx(34 * s * b * h / t)
+    assert activation_layer_bytes(s, b, h, a, 1, False, "full") == 2 * s * b * h
+
+
+@pytest.mark.parametrize("argv", [["--params", "-1", "--dp", "4"], ["--params", "0", "--dp", "4"],
+                                  ["--params", "x", "--dp", "4"], ["--params", "1e9", "--dp", "2.5"],
+                                  ["--params", "1e9", "--dp", "4", "--seq", "128"],
+                                  ["--params", "nan", "--dp", "4"]])
+def test_bad_values_exit_2_with_one_message(argv):
+    out = run(*argv)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("error:") == 1, out.stderr
