@@ -59,14 +59,17 @@ exit codes:
 """
 PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
 # how bad a rank's outcome is; the worst over the ranks decides (STOPPED never does: a rank
-# stops only because another reported something worse)
-S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL = range(5)
+# stops only because another reported something worse). S_MISUSE is a failure that names
+# its own cause (a refused collective, a wrong-sized message: see checks/counting.Misuse):
+# it beats the wrong values that other ranks compute from it, whichever came first.
+S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL, S_MISUSE = range(6)
 MSG_BYTES = 400
 STATUS_BYTES = 1 + 8 + MSG_BYTES   # severity, time, message
 POLL_S = 0.002
 GRACE_S = 3.0                 # after a stop: how long a check's thread may take to end
 DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
-            "that cannot wait in a circle: with large messages a Send waits for its Recv)")
+            "that cannot wait in a circle: the grader's Send waits for its Recv, as MPI's does for "
+            "large messages)")
 CHECKS = Path(__file__).parent / "lessons" / "checks"
 
 
@@ -135,6 +138,7 @@ def start_check(check, fn, session=None):
     (severity, message) once the thread ends."""
     from_counting = sys.modules.get("minidist.lessons.checks.counting")
     stopped = from_counting.Stopped if from_counting else ()
+    misuse = from_counting.Misuse if from_counting else ()
     result = {}
 
     def target():
@@ -143,6 +147,8 @@ def start_check(check, fn, session=None):
             result["v"] = (S_PASS, "")
         except NotImplementedError as e:
             result["v"] = (S_TODO, str(e) or "not implemented yet")
+        except misuse as e:
+            result["v"] = (S_MISUSE, str(e))
         except AssertionError as e:
             result["v"] = (S_FAIL, str(e) or "a check failed")
         except Exception as e:  # the student's code raised: show what and where
@@ -239,7 +245,7 @@ def settle(ctl, tag, thread, result, session, timeout):
                 talk.tell(*result["v"], result.get("t"))
             elif time.monotonic() > deadline or S_TIMEOUT in others:
                 talk.tell(S_TIMEOUT, session.where() if session is not None else "busy (an endless loop?)")
-            elif any(s in (S_TODO, S_FAIL) for s in others):
+            elif any(s in (S_TODO, S_FAIL, S_MISUSE) for s in others):
                 talk.tell(S_STOPPED, "stopped")
             if talk.me in talk.heard and thread is not None and thread.is_alive() and session is not None:
                 session.stop()
@@ -281,7 +287,7 @@ def verdict_of(heard, timeout, multi_rank):
     """
     worst = max(s for s, _, _ in heard.values())
     ranks = sorted(r for r, (s, _, _) in heard.items() if s == worst)
-    if worst == S_FAIL:
+    if worst >= S_FAIL:
         ranks.sort(key=lambda r: heard[r][2])
     n = len(heard)
     alike = len({m for _, m, _ in heard.values()}) == 1
@@ -296,7 +302,7 @@ def verdict_of(heard, timeout, multi_rank):
             text += f": {DEADLOCK}"
         return FAIL, text
     message = heard[ranks[0]][1]
-    if worst == S_FAIL and n > 1 and not alike and not message.startswith(("rank ", "at step ")):
+    if worst >= S_FAIL and n > 1 and not alike and not message.startswith(("rank ", "at step ")):
         message = f"rank {ranks[0]}: {message}"
     if worst == S_STOPPED:
         message = "stopped (another rank failed)"

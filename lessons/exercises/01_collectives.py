@@ -18,10 +18,11 @@ exercises: at 2 ranks left and right are the same rank, so a wrong neighbour wou
 
 The grader runs every check on every rank and hands your functions a communicator that
 counts what each rank sends and refuses collectives. It holds you to the ring's bytes, so
-a ring with one step too many fails even when its result is right. One case is large (a
-few hundred KiB per chunk): there a Send waits until its Recv is posted, so a ring whose
-ranks all Send before they Recv deadlocks; the grader reports a deadlock as FAIL after
---timeout seconds, naming each rank and what it was waiting for. Lesson 01 draws the
+a ring with one step too many fails even when its result is right. Its Send waits until
+the matching Recv is posted, as MPI may do at any size and does for large messages (a
+small Send usually returns at once, but a correct program must not count on it), so a
+ring whose ranks all Send before they Recv deadlocks at every size; the grader reports a
+deadlock as FAIL after --timeout seconds, naming each rank and what it was waiting for. Lesson 01 draws the
 ring step by step: `mpirun -n 4 python -m minidist.lessons.01_collectives`.
 """
 import numpy as np  # noqa: F401  (you will want it)

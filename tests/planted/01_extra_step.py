@@ -1,6 +1,7 @@
 """Planted bug: the all-gather runs N steps instead of N-1. The result is right (the last step
 brings each rank its own piece back), but each rank sends M instead of (N-1)/N M."""
 import numpy as np
+from mpi4py import MPI
 
 
 
@@ -8,12 +9,12 @@ def ring_all_gather(comm, x, axis=0):
     n, r = comm.Get_size(), comm.Get_rank()
     rows = np.ascontiguousarray(np.moveaxis(x, axis, 0))
     lengths = np.zeros(n, np.int64)
-    for k in range(n):                                   # lengths: to everyone, point-to-point
-        if k != r:
-            comm.Send(np.array([rows.shape[0]], np.int64), k, 1)
+    mine = np.array([rows.shape[0]], np.int64)
+    sends = [comm.Isend(mine, k, 1) for k in range(n) if k != r]     # lengths: to everyone
     for k in range(n):
         if k != r:
             comm.Recv(lengths[k:k + 1], k, 1)
+    MPI.Request.Waitall(sends)
     lengths[r] = rows.shape[0]
     b = np.concatenate([[0], np.cumsum(lengths)])
     out = np.empty((int(b[-1]),) + rows.shape[1:], x.dtype)

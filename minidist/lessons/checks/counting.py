@@ -43,6 +43,12 @@ COLLECTIVES = {"Allreduce", "Allgather", "Allgatherv", "Alltoall", "Alltoallv", 
 COLLECTIVES |= {"I" + name[0].lower() + name[1:] for name in COLLECTIVES}   # Iallreduce, Ibarrier, ...
 
 
+class Misuse(AssertionError):
+    """The student's use of the communicator is itself wrong: a refused call, or a message
+    longer than the buffer that receives it. That is the cause; whatever the other ranks
+    then compute from it is a consequence, so the grader reports this one first."""
+
+
 class Stopped(BaseException):
     """Raised in a check's thread when the grader stops it (not an Exception: a student's
     `except Exception` must not swallow it)."""
@@ -219,13 +225,17 @@ class CountingComm:
             self.truncated = (f"at step {step}, rank {self.Get_rank()} received {nbytes // item} elements "
                               f"from rank {st.Get_source()} where the ring sends {mine.size} (the chunk its "
                               "receive buffer is sized for): check which chunk you send")
-            raise AssertionError(self.truncated)
+            raise Misuse(self.truncated)
         self.bytes_recv += nbytes
 
     # ------------------------------------------------------------------ point-to-point, forwarded
     def Send(self, buf, dest, tag=0):
+        # As a synchronous send (Issend): MPI may hold a small Send in a buffer and return
+        # at once (the eager protocol), but a program that relies on that deadlocks on
+        # large messages. Graded as if every Send waited for its Recv, a ring whose ranks
+        # all Send first fails at any size, as the standard allows it to.
         self._count_send(buf)
-        req = self._s.comm.Isend(buf, dest, tag)
+        req = self._s.comm.Issend(buf, dest, tag)
         self._s.wait_for(req.Test, f"Send to rank {dest} ({_array(buf).size} elements)")
 
     def Ssend(self, buf, dest, tag=0):
@@ -271,7 +281,7 @@ class CountingComm:
 
     def _refuse_call(self, name):
         self.refused = f"rank {self.Get_rank()} called comm.{name}: {self._refuse}"
-        raise AssertionError(self.refused)
+        raise Misuse(self.refused)
 
     def __getattr__(self, name):
         if name in COLLECTIVES:
@@ -280,7 +290,7 @@ class CountingComm:
             def pickled(*args, **kwargs):
                 self.refused = (f"rank {self.Get_rank()} called comm.{name}, which pickles Python objects: "
                                 "use the upper-case buffer methods (Send, Recv, Sendrecv) on NumPy arrays")
-                raise AssertionError(self.refused)
+                raise Misuse(self.refused)
             return pickled
         raise AttributeError(f"the grader's communicator has no {name}: use Get_rank, Get_size, Send, "
                              "Recv, Sendrecv, Isend, Irecv and MPI.Request.Wait/Waitall")

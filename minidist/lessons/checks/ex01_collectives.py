@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from minidist.comm import collectives
 from minidist.lessons.checks import Exercise, own_session
+from minidist.lessons.checks.counting import Misuse
 
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"
@@ -93,12 +94,12 @@ def _call(session, fn, *args, **kwargs):
                 MPI.ERR_IN_STATUS: "an error in a receive's status, from Waitall"}.get(e.Get_error_class())
         if said is None:
             raise
-        raise AssertionError(f"at step {comm.receives - 1} or before, rank {comm.Get_rank()} received a "
+        raise Misuse(f"at step {comm.receives - 1} or before, rank {comm.Get_rank()} received a "
                              f"message longer than its receive buffer (MPI: {said}): the ranks disagree "
                              "on a chunk's length: check which chunk you send") from None
     problem = comm.refused or comm.truncated
     if problem:
-        raise AssertionError(problem)
+        raise Misuse(problem)
     return out, comm
 
 
