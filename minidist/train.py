@@ -80,6 +80,10 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     to supply it; otherwise the norm of the local gradients is the whole one (every
     data-parallel replica holds the same gradients after sync).
 
+    A pipeline's dp slot has forward_backward(model, batches, scale) instead: it runs every
+    forward and backward of the step in its schedule's order and returns the mean loss
+    (minidist/parallel/pipeline_parallel.py).
+
     raw_grads: a dict to fill with a copy of every parameter's gradient as it stands
     after dp.sync() and before clipping and the optimizer ({name: array}, None for a
     parameter without one). That is what a parallel run is compared on: clipping
@@ -90,11 +94,14 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     optimizer.zero_grad()
     k, total = len(batches), 0.0
     scale = micro_batch_scale(k)
-    for i, (x, y, rng) in enumerate(batches):
-        _, loss = model(x, y, rng=rng)
-        with dp.backward_context(last=i == k - 1) if dp is not None else contextlib.nullcontext():
-            (loss * scale).backward()
-        total += loss.item() / k
+    if hasattr(dp, "forward_backward"):     # a pipeline runs its micro-batches in its own order
+        total = dp.forward_backward(model, batches, scale)
+    else:
+        for i, (x, y, rng) in enumerate(batches):
+            _, loss = model(x, y, rng=rng)
+            with dp.backward_context(last=i == k - 1) if dp is not None else contextlib.nullcontext():
+                (loss * scale).backward()
+            total += loss.item() / k
     if dp is not None:
         dp.sync()
     # ZeRO keeps each rank's partition of the gradients outside the model: its dp slot
