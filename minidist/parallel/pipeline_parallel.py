@@ -1,0 +1,293 @@
+"""Pipeline parallelism: the GPT's layers cut into stages, one schedule run by every rank.
+
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule 1f1b --micro-batches 8
+
+Stages. The blocks are cut into p*v virtual stages, as evenly as possible, the earlier
+stages taking the extra layers; chunk c of rank r holds virtual stage c*p + r (v = 1
+unless interleaved). The first stage also holds the embeddings, the last one the final
+layer norm, the head and the loss. The head is tied to the token embedding, which
+lives on the first stage: the last stage keeps its own copy of wte, and after the
+backwards the two copies' gradients are summed (one all-reduce between the first and
+the last rank, Megatron's embedding group), so both take the same step and stay equal.
+
+Communication. An F sends its output, b x s x h values, to the next virtual stage; a B
+sends the gradient of its input, b x s x h values, to the previous one. So each
+micro-batch crosses each of the p*v - 1 boundaries twice:
+    bytes per step, whole pipeline = 2 (p v - 1) x b s h x itemsize x m
+(docs/reference.md#pipeline-bubbles). Between two compute actions a rank calls
+`exchange` once: it posts the receive the next action needs and the send of what the
+last one made, and waits only for the receive. Sends never wait (they complete at the
+end of the step), so a rank waits only for a message whose sender runs it before
+anything that could wait on this rank: what schedules.validate proves for the whole
+order. No deadlock, by construction.
+
+Memory. A micro-batch's activations live on a stage from its F to its B (to its W in a
+zero-bubble schedule); the executor counts them (`peak_live`) beside the simulator's.
+
+Zero bubble. This engine's backward computes the input and the weight gradients in
+one walk of the graph. A split schedule's B runs that walk and sends the input gradient
+at once; the weight gradients are held aside and added into .grad by the matching W.
+The order and the dependencies are the schedule's; the time split is the simulator's.
+"""
+import time
+
+import numpy as np
+
+from minidist.backend import to_numpy, xp
+from minidist.comm import all_reduce, broadcast, stats
+from minidist.comm.watchdog import waiting
+from minidist.nn import Module, ModuleDict
+from minidist.ops import cross_entropy
+from minidist.parallel import schedules
+from minidist.rng import DropoutRNG
+from minidist.tensor import Tensor
+
+
+class PipelineError(ValueError):
+    """A pipeline that cannot be built (more stages than layers, chunks that do not divide)."""
+
+
+def split_layers(n_layer, n_stages):
+    """[(lo, hi)] layer ranges of each stage; the first n_layer % n_stages take one more."""
+    if n_stages > n_layer:
+        raise PipelineError(f"{n_stages} pipeline stages but only {n_layer} layers: every stage needs "
+                            f"at least one layer (use --n-layer >= {n_stages} or fewer stages)")
+    base, extra = divmod(n_layer, n_stages)
+    out, lo = [], 0
+    for s in range(n_stages):
+        hi = lo + base + (s < extra)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def dropout_calls_before(layer):
+    """How many dropout masks the whole GPT draws before block `layer`: the embedding's,
+    then three per block (attention probabilities, attention output, MLP output). A stage
+    starts its micro-batch's DropoutRNG there, so its masks are the ones one process draws."""
+    return 1 + 3 * layer
+
+
+# ----------------------------------------------------------------------------- the stage model
+
+class PipelineGPT(Module):
+    """This rank's chunks of a whole GPT, under the single-process parameter names.
+
+    Every rank builds the whole GPT from the seed (same weights everywhere) and keeps
+    the blocks of its virtual stages, the embeddings if it holds stage 0, ln_f and the
+    tied head if it holds the last one.
+    """
+
+    def __init__(self, full, p, rank, v=1):
+        self.config, self.p, self.rank, self.v = full.config, p, rank, v
+        n = p * v
+        self.ranges = split_layers(full.config.n_layer, n)
+        self.stages = [schedules.stage_of(rank, c, p) for c in range(v)]
+        self.first, self.last = 0 in self.stages, n - 1 in self.stages
+        tr = full.transformer
+        mods = {"h": ModuleDict(**{str(i): tr.h[i] for s in self.stages for i in range(*self.ranges[s])})}
+        if self.first:
+            mods.update(wte=tr.wte, wpe=tr.wpe, drop=tr.drop)
+        if self.last:
+            mods.update(wte=tr.wte, ln_f=tr.ln_f)   # the head: wte's copy on the last stage
+        self.transformer = ModuleDict(**mods)
+
+    def forward_chunk(self, c, x, targets, rng):
+        """Virtual stage c*p + rank on one micro-batch: idx or activations in; activations or the loss out."""
+        s, tr = self.stages[c], self.transformer
+        lo, hi = self.ranges[s]
+        if s == 0:
+            B, T = x.shape
+            x = tr.drop(tr.wte(xp.asarray(x)) + tr.wpe(xp.arange(T)), rng)   # (B, T, C)
+        for i in range(lo, hi):
+            x = tr.h[str(i)](x, rng)
+        if s == self.p * self.v - 1:
+            logits = tr.ln_f(x) @ tr.wte.weight.T                               # (B, T, vocab)
+            return cross_entropy(logits, xp.asarray(targets))
+        return x
+
+    def configure_optimizers(self, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8):
+        from minidist.model import GPT
+        return GPT.configure_optimizers(self, weight_decay, lr, betas, eps)
+
+
+# ----------------------------------------------------------------------------- one exchange
+
+def exchange(comm, send=None, recv=None):
+    """Post the receive the next action needs and the send of what the last one made.
+
+    send: None or (array, dest, tag); recv: None or (shape, dtype, source, tag). The
+    receive is posted first, then the send, and only the receive is waited for:
+    a neighbour doing the same towards this rank (1F1B's steady state: one sends
+    activations forward while the other sends gradients back) finds its receive
+    posted. Two blocking sends facing each other would each wait for the other's
+    receive. Returns (received array or None, send request or None); the caller waits
+    for the send's request before reusing or dropping the array.
+    """
+    got = rreq = sreq = None
+    if recv is not None:
+        shape, dtype, source, tag = recv
+        got = np.empty(shape, dtype)
+        rreq = comm.Irecv(got, source, tag)
+    if send is not None:
+        x, dest, tag = send
+        sreq = comm.Isend(x, dest, tag)
+    if rreq is not None:
+        rreq.Wait()
+    return got, sreq
+
+
+# ----------------------------------------------------------------------------- the executor
+
+class PipelineParallel:
+    """The `dp` slot of train_step for a pipeline: runs the schedule, then syncs.
+
+    forward_backward(model, batches, scale) replaces train_step's loop over micro-batches
+    (every forward and backward of the step, in this rank's order); sync() sums the tied
+    embedding's two copies and averages over data-parallel replicas; grad_norm_sq()
+    adds every stage's part of the squared gradient norm (wte counted once).
+    """
+
+    def __init__(self, model, comm, schedule_name, m, dp=None):
+        from mpi4py import MPI
+        self.model, self.comm, self.dp, self.m = model, comm, dp, m
+        p, v = model.p, model.v
+        self.name = schedule_name
+        self.schedule = schedules.build(schedule_name, p, m, v)
+        schedules.validate(self.schedule, p, m, v)
+        self.actions = self.schedule[comm.Get_rank()]
+        self.split = any(a[0] == "W" for a in self.actions)
+        ends = comm.Get_rank() in (0, p - 1)       # Megatron's embedding group: first and last stage
+        self.embed_comm = None                     # a collective on the pipeline group: every rank splits
+        if p > 1:
+            group = comm.Split(0 if ends else MPI.UNDEFINED, comm.Get_rank())
+            self.embed_comm = group if ends else None
+        self.events, self.peak_live = [], 0
+
+    # -- where messages go
+    def _neighbour(self, c, step):
+        """(pipeline rank, chunk) of the virtual stage `step` (+1 or -1) away from my chunk c."""
+        return schedules.place(self.model.stages[c] + step, self.model.p)
+
+    def _tag(self, mb, stage, backward):
+        return 2 * (mb * self.model.p * self.model.v + stage) + backward
+
+    def _recv_spec(self, action, batches):
+        """What `action` must receive first: (shape, dtype, source, tag), or None."""
+        op, mb, c = action
+        s, n = self.model.stages[c], self.model.p * self.model.v
+        if (op == "F" and s == 0) or (op == "B" and s == n - 1) or op == "W":
+            return None
+        shape = batches[mb][0].shape + (self.model.config.n_embd,)
+        src = self._neighbour(c, -1 if op == "F" else +1)[0]
+        return shape, np.dtype(self.model.config.dtype), src, self._tag(mb, s, op == "B")
+
+    # -- one step
+    def forward_backward(self, model, batches, scale):
+        if len(batches) != self.m:
+            raise PipelineError(f"the schedule is for {self.m} micro-batches, the step has {len(batches)}")
+        n, split = model.p * model.v, self.split
+        saved, held, pending, total = {}, {}, [], 0.0
+        outgoing, live, self.events, self.peak_live = None, 0, [], 0
+        t_step = time.perf_counter()
+        for action in self.actions + [None]:
+            spec = None if action is None else self._recv_spec(action, batches)
+            with waiting(f"pipeline exchange before {action}"):
+                got, req = exchange(self.comm, outgoing, spec)
+            if req is not None:
+                pending.append((req, outgoing[0]))
+                stats.add("send", sent=outgoing[0].nbytes, messages=1, calls=1)
+            if got is not None:
+                stats.add("recv", recv=got.nbytes, calls=1)
+            outgoing = None
+            if action is None:
+                break
+            op, mb, c = action
+            s = model.stages[c]
+            t0 = time.perf_counter()
+            if op == "F":
+                x_in = None if s == 0 else Tensor(xp.asarray(got), requires_grad=True)
+                x, y, rng = batches[mb]
+                r = DropoutRNG(rng.seed, rng.step, rng.sample_ids)
+                r.calls = 0 if s == 0 else dropout_calls_before(model.ranges[s][0])
+                out = model.forward_chunk(c, x if s == 0 else x_in, y, r)
+                saved[(mb, c)] = (x_in, out)
+                live += 1
+                self.peak_live = max(self.peak_live, live)
+                if s == n - 1:
+                    total += out.item() * scale
+                else:
+                    dest = self._neighbour(c, +1)[0]
+                    outgoing = (np.ascontiguousarray(to_numpy(out.data)), dest, self._tag(mb, s + 1, False))
+            elif op == "B":
+                x_in, out = saved.pop((mb, c))
+                before = self._set_aside() if split else None
+                if s == n - 1:
+                    (out * scale).backward()
+                else:
+                    out.backward(xp.asarray(got))
+                if split:
+                    held[(mb, c)] = self._set_aside(restore=before)
+                else:
+                    live -= 1
+                if s > 0:
+                    dest = self._neighbour(c, -1)[0]
+                    outgoing = (np.ascontiguousarray(to_numpy(x_in.grad)), dest, self._tag(mb, s - 1, True))
+            else:                                   # W: the weight gradients B held aside
+                for p, g in held.pop((mb, c)):
+                    p.grad = g if p.grad is None else p.grad + g
+                live -= 1
+            self.events.append((op, mb, c, t0 - t_step, time.perf_counter() - t_step))
+        for req, _ in pending:                      # every send completes before the step ends
+            with waiting("pipeline sends of this step"):
+                req.Wait()
+        # the loss lives on the last stage; every stage reports it (one float64)
+        last = schedules.place(n - 1, model.p)[0]
+        return float(broadcast(self.comm, np.array([total]), root=last)[0])
+
+    def _set_aside(self, restore=None):
+        """Split schedules: take the weight gradients a B just made out of .grad.
+
+        Called before the B (restore=None): returns the grads as they were and clears
+        them. Called after, with those: returns [(param, new grad)] and puts the old back.
+        """
+        params = self.model.parameters()
+        if restore is None:
+            old = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            return old
+        made = [(p, p.grad) for p in params if p.grad is not None]
+        for p, g in zip(params, restore):
+            p.grad = g
+        return made
+
+    # -- after the backwards
+    def backward_context(self, last):
+        raise RuntimeError("a pipeline runs its own backwards: train_step calls forward_backward")
+
+    def sync(self):
+        """Sum wte's gradient over its two copies (first and last stage), then the DP average."""
+        if self.embed_comm is not None:
+            w = self.model.transformer.wte.weight
+            g = w.grad if w.grad is not None else xp.zeros_like(w.data)
+            w.grad = xp.asarray(all_reduce(self.embed_comm, to_numpy(g)))
+        if self.dp is not None:
+            self.dp.sync()
+
+    def grad_norm_sq(self, params):
+        """The whole model's squared gradient norm: every stage's part, wte counted once."""
+        m = self.model
+        skip = {id(m.transformer.wte.weight)} if m.last and not m.first else set()
+        sq = sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in params
+                 if p.grad is not None and id(p) not in skip)
+        return float(all_reduce(self.comm, np.array([sq]))[0]) if m.p > 1 else sq
+
+
+def expected_p2p_bytes(model, batch_rows, itemsize):
+    """Bytes this rank sends point-to-point in one step: b s h per micro-batch per boundary,
+    forward from every chunk that is not the last stage, backward from every chunk that is
+    not the first."""
+    T, C, n = model.config.block_size, model.config.n_embd, model.p * model.v
+    per_mb = sum(b * T * C for b in batch_rows) * itemsize
+    return sum(per_mb * ((s < n - 1) + (s > 0)) for s in model.stages)
