@@ -167,7 +167,7 @@ def main(args):
     calls = {n: int(common.mpi_reduce(comm, m.get(n, {}).get("calls", 0) // args.steps)) for n in names}
     say("\nbytes sent per rank per step" + (" (all-reduces include the data-parallel average)" if grid.dp > 1 else ""))
     harness.table([[n, calls[n], want[n][0], f"{got[n]:,}", f"{exp[n]:,}", "equal" if got[n] == exp[n] else "DIFFERENT"]
-                   for n in names], header=["collective", "calls", "by formula", "bytes measured", "by formula", ""])
+                   for n in names], header=["collective", "calls measured", "calls by formula", "bytes measured", "bytes by formula", "verdict"])
     bytes_ok = all(got[n] == exp[n] for n in names)
     logits = per_dp * cfg.block_size * padded_vocab(cfg.vocab_size, tp) * np.dtype(cfg.dtype).itemsize
     say(f"  never the logits: one all-reduce of the b*s*v logits would send {fmt_bytes(2 * logits * (tp - 1) // tp)} alone")
