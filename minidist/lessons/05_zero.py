@@ -1,0 +1,162 @@
+"""Lesson 05: ZeRO. Data parallelism without the copies: optimizer state (stage 1), then
+gradients (stage 2), then the weights (stage 3) partitioned across the ranks; the run
+must still equal one process training on the whole batch.
+
+    mpirun -n 4 python -m minidist.lessons.05_zero --stage 3
+    mpirun -n 4 python -m minidist.lessons.05_zero --stage all --json out.json
+    mpirun -n 3 python -m minidist.lessons.05_zero --stage 2 --overlap --grad-accum 2
+
+Each stage trains a few AdamW steps (clipping by the global norm of the shards) from the
+same seed as a single-process reference; compared: losses, each rank's partition of the
+raw gradients of every step against the same slice of the reference's, and the weights
+(stage 3: each rank's shard). Then, per rank, memory measured from the arrays it holds
+beside the paper's count for this dtype, and the bytes it sent beside (N-1)/N x 2 Psi
+(stages 0-2) or 3 Psi (stage 3). Stage 0 is lesson 02's bucketed data parallelism.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import stats
+from minidist.data import shard_slice
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT
+from minidist.parallel.data_parallel import BucketedDataParallel
+from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
+from minidist.tensor import MEMORY
+from minidist.train import TrainConfig
+
+
+def make_run(args, cfg):
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    model = GPT(cfg, seed=args.seed)
+    return model, model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2)), tc
+
+
+def run_stage(stage, args, cfg, data, rows, comm, ref):
+    """Train one stage; return its row of figures (all reduced over ranks: the largest)."""
+    world = comm.Get_size()
+    model, opt, tc = make_run(args, cfg)
+    if stage == 0:
+        dp = BucketedDataParallel(model, comm, bucket_bytes=args.bucket_kb * 1024)
+        runner = opt
+    else:
+        dp = runner = ZeRO(model, opt, comm, stage=stage, bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap)
+    MEMORY.reset_peak()
+    with stats.measure() as m:
+        losses, state, times = common.train_and_collect(model, runner, data, args, tc, rows, args.grad_accum, dp)
+    state["loss"] = common.mpi_reduce(comm, losses, "sum") / world
+    ref_state = {k: reference_slice(k, ref[1]) for k in state if k != "loss"}
+    ref_state["loss"] = np.array(ref[0])
+    rel, abs_diff, _ = harness.compare(state, ref_state)
+    item = np.dtype(cfg.dtype).itemsize
+    psi = sum(p.size for p in model.parameters()) if stage < 3 else sum(g.n for g in dp.groups)
+    names = ("reduce_scatter", "all_gather") if stage else ("all_reduce",)
+    sent = {c: int(common.mpi_reduce(comm, m.bytes_sent(c) // args.steps)) for c in names}
+    if stage == 0:
+        grads = sum(p.data.nbytes for p in model.parameters())
+        mem = {"params": grads, "grads": grads, "optimizer": opt.state_bytes()}
+        from minidist.parallel.tp_formulas import ring_all_reduce_sent
+        exact = {"all_reduce": int(common.mpi_reduce(comm, sum(
+            ring_all_reduce_sent(b.flat.size, world, comm.Get_rank()) * item for b in dp.buckets)))}
+    else:
+        mem = dp.memory()
+        exact = {c: int(common.mpi_reduce(comm, v)) for c, v in expected_sent(dp, args.grad_accum).items()}
+    mem = {k: int(common.mpi_reduce(comm, v)) for k, v in mem.items()}
+    mem["activations_peak"] = int(common.mpi_reduce(comm, MEMORY.peak_bytes))
+    root = dp.groups[0].n if stage == 3 else 0
+    return dict(stage=stage, rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
+                losses=list(state["loss"]), mem=mem, formula=paper_memory(stage, psi, world, item),
+                sent=sent, exact=exact, paper=paper_sent(stage, psi, world, item, args.grad_accum, root),
+                psi=psi, root=root, time=float(common.mpi_reduce(comm, float(np.median(times)))))
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    cfg = common.config_from_args(args, world)
+    try:
+        rows = shard_slice(args.batch_size, rank, world, args.grad_accum)
+    except ValueError as e:
+        raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
+                                 f"--grad-accum {args.grad_accum}: {e}")
+    data = common.load_dataset(args, comm)
+    stages = [0, 1, 2, 3] if args.stage == "all" else [int(args.stage)]
+    say(f"Lesson 05: ZeRO stage {args.stage} on {world} ranks"
+        + (" (stage 2 overlapped with backward)" if args.overlap else "") + "\n")
+    say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} {cfg.dtype}; global batch "
+        f"{args.batch_size} = {world} ranks x {args.batch_size // world}"
+        + (f" as {args.grad_accum} micro-batches" if args.grad_accum > 1 else ""))
+    ref_model, ref_opt, tc = make_run(args, cfg)
+    ref = common.train_and_collect(ref_model, ref_opt, data, args, tc, micro=args.grad_accum)
+    tol = harness.TOLERANCE[cfg.dtype]
+    say("\nwhat was compared, one process against each stage:")
+    for line in common.COMPARED:
+        say(f"  - {line}")
+    say("  sharded stages: each rank's partition \"NAME[a:b]\" against elements a:b of the reference's NAME\n")
+    rows_out = []
+    for s in stages:
+        t0 = time.perf_counter()
+        rows_out.append(run_stage(s, args, cfg, data, rows, comm, ref))
+        rows_out[-1]["wall"] = time.perf_counter() - t0
+    item = np.dtype(cfg.dtype).itemsize
+    psi = rows_out[0]["psi"]
+    say(f"Psi = {psi:,} parameters x {item} B; memory per rank (the largest over ranks), measured | formula")
+    header = ["stage", "max_rel_diff", "params", "grads", "optimizer", "activations", "step"]
+    table = []
+    for r in rows_out:
+        cell = lambda k: f"{fmt_bytes(r['mem'][k])} | {fmt_bytes(r['formula'][k])}"   # noqa: E731
+        table.append([r["stage"], f"{r['rel']:.1e}", cell("params"), cell("grads"), cell("optimizer"),
+                      fmt_bytes(r["mem"]["activations_peak"]), f"{r['time'] * 1e3:.0f} ms"])
+    harness.table(table, header=header)
+    say("  formula: params Psi (stage 3: Psi/N), grads Psi (stage 1: the local Psi + my reduced Psi/N; 2, 3: Psi/N),"
+        "\n  optimizer 2 Psi values of AdamW's m and v (stages 1-3: Psi/N); x bytes per value")
+    say("\ncommunication per step per rank, bytes sent: measured | ring's exact count | paper's (N-1)/N x k Psi")
+    for r in rows_out:
+        got, exact = sum(r["sent"].values()), sum(r["exact"].values())
+        k = ("2 Psi" if r["stage"] < 2 or args.grad_accum == 1 else f"{args.grad_accum + 1} Psi") if r["stage"] < 3 else "3 Psi - root"
+        say(f"  stage {r['stage']}  {got:>10,} | {exact:>10,} | {r['paper']:>12,.0f} ({k})  "
+            + ", ".join(f"{c} {v:,}" for c, v in r["sent"].items())
+            + ("" if got == exact else "  DIFFERS"))
+    if 3 in stages:
+        say("  stage 3's root unit (embeddings, ln_f) stays gathered from forward to backward: the head tied to wte "
+            "is backward's first op")
+    rel = max(r["rel"] for r in rows_out)
+    match = bool(rel <= tol and all(sum(r["sent"].values()) == sum(r["exact"].values()) for r in rows_out))
+    say(f"\nlosses: reference {', '.join(f'{v:.6f}' for v in ref[0])}; tolerance {tol:.0e} per tensor")
+    last = rows_out[-1]
+    figures = {}
+    for r in rows_out:
+        for k in ("params", "grads", "optimizer"):
+            figures[f"stage{r['stage']}_{k}_measured"] = r["mem"][k]
+            figures[f"stage{r['stage']}_{k}_formula"] = r["formula"][k]
+        figures[f"stage{r['stage']}_bytes_sent"] = sum(r["sent"].values())
+        figures[f"stage{r['stage']}_bytes_paper"] = r["paper"]
+        figures[f"stage{r['stage']}_max_rel_diff"] = r["rel"]
+    report = harness.new_report(
+        "05_zero", args, parallel={"dp": world, "tp": 1, "pp": 1, "zero_stage": args.stage,
+                                   "grad_accum": args.grad_accum, "overlap": bool(args.overlap)},
+        match=match, max_rel_diff=rel, max_abs_diff=max(r["abs"] for r in rows_out), tolerance=tol,
+        losses={"reference": ref[0], "parallel": last["losses"]},
+        comm={"bytes_sent": last["sent"], "expected_bytes": last["exact"]}, memory=last["mem"],
+        step_time_s=last["time"], figures=figures)
+    return harness.finish(report, args)
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
+    common.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24)
+    p.add_argument("--stage", choices=["1", "2", "3", "all"], default="all", help="ZeRO stage (default all)")
+    p.add_argument("--overlap", action="store_true", help="stage 2: reduce-scatter buckets during backward")
+    p.add_argument("--bucket-kb", type=harness.positive_int, default=64, help="stage 2 bucket size in KiB")
+    p.add_argument("--grad-accum", type=harness.positive_int, default=1, help="micro-batches per rank per step")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5)
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
