@@ -1,0 +1,273 @@
+"""Lesson 04: pipeline parallelism. The GPT's layers are cut into stages, one per rank, and
+micro-batches flow through them in a schedule; the run must equal one process.
+
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule gpipe --micro-batches 8
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule interleaved --chunks 2
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule zb-h1 --trace pipeline.json
+    mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --dropout 0.1
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --pp 2 --json out.json
+
+The schedule is data (minidist/parallel/schedules.py): the lesson draws it, simulates it
+in logical time (the bubble beside its formula, peak live activations) and runs it
+(minidist/parallel/pipeline_parallel.py), then compares the losses, the raw gradients of
+every step and the weights with one process training the whole model on the same batch.
+It prints what the real run measured beside the simulator and the formulas: the idle
+fraction of every rank, the micro-batches whose activations were alive at once, and the
+point-to-point bytes (b*s*h per micro-batch per boundary each way). With --pp smaller
+than the world, the other factor is data parallelism (ProcessGrid).
+"""
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import ProcessGrid, stats
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT
+from minidist.parallel import schedules
+from minidist.parallel.data_parallel import NaiveDataParallel
+from minidist.parallel.pipeline_parallel import (PipelineGPT, PipelineParallel, expected_p2p_bytes,
+                                                 split_layers)
+from minidist.tensor import MEMORY
+from minidist.train import TrainConfig
+
+OPS = "FBW"
+
+
+def check_input(args, cfg, world):
+    """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
+    pp = args.pp or world
+    harness.need(pp <= world and world % pp == 0,
+                 f"--pp {pp} must divide the {world} ranks of the world (the rest is data parallelism)")
+    v = args.chunks if args.schedule == "interleaved" else 1
+    m, dp = args.micro_batches, world // pp
+    harness.need(pp * v <= cfg.n_layer, f"{pp * v} pipeline stages" + (f" ({pp} ranks x {v} chunks)" if v > 1 else "")
+                 + f" but only {cfg.n_layer} layers: every stage needs a layer (--n-layer {pp * v} or more)")
+    if args.schedule == "interleaved":
+        harness.need(m % pp == 0, f"interleaved 1F1B sends micro-batches in groups of {pp} (one per stage): "
+                                  f"--micro-batches {m} must be a multiple of {pp}")
+        harness.need(cfg.n_layer % (pp * v) == 0, f"interleaved 1F1B needs the {cfg.n_layer} layers cut into "
+                                                  f"{pp} x {v} = {pp * v} equal chunks: choose --n-layer a "
+                                                  f"multiple of {pp * v} (or other --chunks)")
+    harness.need(args.batch_size % (dp * m) == 0,
+                 f"--batch-size {args.batch_size} must split into {dp} replica(s) x {m} micro-batches of equal "
+                 f"size (each micro-batch's loss counts 1/m: unequal ones would weigh samples unequally)")
+    harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    return pp, v, dp
+
+
+def stage_table(model_ranges, pp, v, n_layer):
+    rows = []
+    for r in range(pp):
+        held = []
+        for c in range(v):
+            s = schedules.stage_of(r, c, pp)
+            lo, hi = model_ranges[s]
+            extra = (["wte, wpe"] if s == 0 else []) + (["ln_f, head (wte's copy), loss"] if s == pp * v - 1 else [])
+            held.append(f"layers {lo}-{hi - 1}" if hi - lo > 1 else f"layer {lo}")
+            held[-1] += (" + " + " + ".join(extra) if extra else "") + (f" (chunk {c})" if v > 1 else "")
+        rows.append([f"rank {r}", "; ".join(held)])
+    harness.table(rows, header=["stage", "holds"])
+
+
+def measured_timeline(pp_runner, comm):
+    """Every rank's actions of the last step: (op, mb, chunk, t0, t1) rows gathered on all ranks."""
+    ev = np.array([(OPS.index(o), mb, c, t0, t1) for o, mb, c, t0, t1 in pp_runner.events], dtype=np.float64)
+    out = np.empty((comm.Get_size(),) + ev.shape, dtype=np.float64)
+    comm.Allgather(ev, out)              # the report's own message, outside the counters (as mpi_reduce)
+    return out
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    world = comm.Get_size()
+    cfg = common.config_from_args(args, world)
+    pp, v, dp_size = check_input(args, cfg, world)
+    m = args.micro_batches
+    data = common.load_dataset(args, comm)
+    grid = ProcessGrid(pp=pp)
+    sched = schedules.build(args.schedule, pp, m, v)
+    say(f"Lesson 04: pipeline parallelism, pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
+        + f" on {world} ranks, schedule {args.schedule}" + (f" with {v} chunks per rank" if v > 1 else "")
+        + f", m={m} micro-batches\n")
+    per_dp = args.batch_size // grid.dp
+    say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
+        f"dropout={cfg.dropout} {cfg.dtype}")
+    say(f"batch   global {args.batch_size} sequences" + (f" = {grid.dp} replicas x {per_dp}" if grid.dp > 1 else "")
+        + f", {m} micro-batches of b={per_dp // m}")
+    say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}\n")
+    stage_table(split_layers(cfg.n_layer, pp * v), pp, v, cfg.n_layer)
+
+    # --- the schedule as data: the picture and the simulator
+    sim = schedules.simulate(sched, pp, m, v)
+    bubble_formula = schedules.formula(args.schedule, pp, m, v)
+    say(f"\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
+        + (", split into B = 1 and W = 1" if args.schedule == "zb-h1" else "") + "; '.' is the bubble)")
+    say(schedules.picture(sched, v))
+
+    # --- the pipeline run
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    model = PipelineGPT(GPT(cfg, seed=args.seed), pp, grid.pp_rank, v)
+    dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
+    runner = PipelineParallel(model, grid.pp_comm, args.schedule, m, dp)
+    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
+    MEMORY.reset_peak()
+    with stats.measure() as meas:
+        losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, m, runner)
+    act_peak = MEMORY.peak_bytes
+    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
+
+    # --- the reference: one process, the whole model and batch; each rank compares what it holds
+    ref = GPT(cfg, seed=args.seed)
+    ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
+    mine = {k: ref_state[k] for k in state}
+    state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
+    rel, abs_diff, _ = harness.compare(state, mine)
+    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    held = {n for n, _ in model.named_parameters()}
+    everything = {n for n, _ in ref.named_parameters()}
+    covered = set().union(*[set(x) for x in _allgather_names(grid.pp_comm, held)])
+    tol = harness.TOLERANCE[cfg.dtype]
+    match = bool(rel <= tol) and covered == everything
+
+    say(f"\nwhat was compared, one process against pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
+        + " (each stage against the same names of the whole model; wte on the first and the last stage):")
+    for line in common.COMPARED:
+        say(f"  - {line}")
+    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
+                  header=["step", "loss 1 process", f"loss {world} ranks"])
+    for kind, r, _, w in common.compare_by_kind(state, mine):
+        r = common.mpi_reduce(comm, r)
+        say(f"  {kind:<13} max_rel_diff {r:.1e}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    if covered != everything:
+        say(f"  parameters no stage holds: {sorted(everything - covered)}")
+
+    # --- the bubble: simulated, formula, measured (the last step's timeline)
+    tl = measured_timeline(runner, comm)
+    tl[:, :, 3:] -= tl[:, :, 3].min()       # perf_counter: one monotonic clock for the processes of a node
+    span = tl[:, :, 4].max() - tl[:, :, 3].min()
+    idle = [1 - float((tl[r, :, 4] - tl[r, :, 3]).sum()) / span for r in range(world)]
+    total = sim.total
+    say("\nthe bubble: idle fraction of each rank's time in one step")
+    harness.table([[f"rank {r}", f"{float(1 - sim.busy[r] / total):.3f}", f"{idle[r]:.3f}"]
+                   for r in range(world)] if grid.dp == 1 else
+                  [[f"rank {r} (stage {grid.coords(r)[1]})", f"{float(1 - sim.busy[grid.coords(r)[1]] / total):.3f}",
+                    f"{idle[r]:.3f}"] for r in range(world)],
+                  header=["", "simulated", "measured"])
+    fname = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
+             "interleaved": "(p-1)/(v m+p-1)", "zb-h1": "(p-1)(f+B-W)/T, Qi et al."}[args.schedule]
+    if args.schedule == "interleaved" and v == 1:
+        fname = "(p-1)/(m+p-1)"
+    sim_b, meas_b = float(sim.bubble), float(np.mean(idle))
+    exact = sim.bubble == bubble_formula
+    say(f"  whole pipeline: simulated {sim_b:.4f} ({sim.bubble}), formula {fname} = {float(bubble_formula):.4f}"
+        f" ({bubble_formula}), measured {meas_b:.3f}"
+        + ("  simulated = formula" if exact else "  (the formula assumes m >= p)" if m < pp else ""))
+    say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages take time")
+
+    # --- activations alive at once, measured beside the simulator
+    peaks = common.mpi_reduce(comm, [runner.peak_live if r == comm.Get_rank() else 0 for r in range(world)], "max")
+    peaks = [int(x) for x in np.atleast_1d(peaks)]
+    want_peaks = [sim.peak[grid.coords(r)[1]] for r in range(world)]
+    unit = "(micro-batch, chunk) pairs" if v > 1 else "micro-batches"
+    say(f"\npeak live activations: {unit} whose forward ran and whose " + ("W" if args.schedule == "zb-h1" else "B")
+        + " had not")
+    harness.table([[f"rank {r}", want_peaks[r], peaks[r], "equal" if peaks[r] == want_peaks[r] else "DIFFERENT"]
+                   for r in range(world)], header=["", "simulated", "measured in the run", ""])
+    expect = {"gpipe": f"GPipe keeps all m = {m}", "1f1b": f"1F1B keeps at most p - r (<= {pp})",
+              "zb-h1": f"ZB-H1 keeps at most p = {pp}", "naive": "one at a time"}.get(args.schedule, "")
+    if expect:
+        say(f"  {expect}; saved-for-backward bytes at the peak: {fmt_bytes(common.mpi_reduce(comm, act_peak))} (largest rank)")
+    peaks_ok = peaks == want_peaks
+
+    # --- point-to-point bytes per step
+    item = np.dtype(cfg.dtype).itemsize
+    sizes = [per_dp // m] * m
+    got = [int(x) for x in np.atleast_1d(common.mpi_reduce(
+        comm, [meas.bytes_sent("send") // args.steps if r == comm.Get_rank() else 0 for r in range(world)]))]
+    want = [int(x) for x in np.atleast_1d(common.mpi_reduce(
+        comm, [expected_p2p_bytes(model, sizes, item) if r == comm.Get_rank() else 0 for r in range(world)]))]
+    bsh = (per_dp // m) * cfg.block_size * cfg.n_embd
+    say(f"\npoint-to-point bytes sent per step: b*s*h = {per_dp // m}*{cfg.block_size}*{cfg.n_embd} = {bsh:,} values "
+        f"per micro-batch per boundary, each way")
+    harness.table([[f"rank {r}", f"{got[r]:,}", f"{want[r]:,}", "equal" if got[r] == want[r] else "DIFFERENT"]
+                   for r in range(world)], header=["", "measured", "formula", ""])
+    say(f"  whole pipeline: 2 (p v - 1) m b s h x {item} bytes = {2 * (pp * v - 1) * m * bsh * item * grid.dp:,}"
+        + (f" per replica x {grid.dp}" if grid.dp > 1 else "") + f"; measured {sum(got):,}")
+    say("  besides: one all-reduce of wte's gradient between the first and last stage, one of the squared "
+        "norm for clipping, the loss broadcast from the last stage")
+    bytes_ok = got == want
+
+    if args.trace:
+        _write_trace(args.trace, tl, grid)
+
+    step_time = common.mpi_reduce(comm, float(np.median(times)))
+    say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
+    figures = {"bubble_simulated": sim_b, "bubble_formula": float(bubble_formula),
+               "bubble_measured": meas_b, "p2p_bytes_measured": sum(got), "p2p_bytes_formula": sum(want)}
+    for r in range(world):
+        figures[f"peak_live_simulated_rank{r}"] = want_peaks[r]
+        figures[f"peak_live_measured_rank{r}"] = peaks[r]
+        figures[f"idle_measured_rank{r}"] = idle[r]
+    mem = {"params": int(common.mpi_reduce(comm, sum(p.data.nbytes for p in model.parameters()))),
+           "grads": int(common.mpi_reduce(comm, sum(p.grad.nbytes for p in model.parameters() if p.grad is not None))),
+           "optimizer": int(common.mpi_reduce(comm, opt.state_bytes())),
+           "activations_peak": int(common.mpi_reduce(comm, act_peak))}
+    report = harness.new_report(
+        "04_pipeline_parallel", args, parallel={"pp": pp, "dp": grid.dp, "tp": 1, "schedule": args.schedule,
+                                                "micro_batches": m, "chunks": v},
+        match=bool(match and peaks_ok and bytes_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
+        losses={"reference": ref_losses, "parallel": losses},
+        comm={"bytes_sent": {"send": max(got)}, "expected_bytes": {"send": max(want)}},
+        memory=mem, step_time_s=step_time, figures=figures)
+    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on some "
+        "stage;\npeak live activations equal to the simulator's; point-to-point bytes equal to the formula")
+    if not peaks_ok:
+        say("\nthe run kept other numbers of activations alive than the schedule says")
+    if not bytes_ok:
+        say("\nthe bytes sent differ from b*s*h per micro-batch per boundary: a message too many, or of the wrong size")
+    return harness.finish(report, args)
+
+
+def _allgather_names(comm, names):
+    """The parameter names every stage holds, exchanged as one fixed-size uint8 buffer each."""
+    blob = np.frombuffer("\n".join(sorted(names)).encode(), dtype=np.uint8)
+    n = np.array([blob.size], dtype=np.int64)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(n, sizes)
+    buf = np.zeros(int(sizes.max()), dtype=np.uint8)
+    buf[:blob.size] = blob
+    out = np.empty((comm.Get_size(), buf.size), dtype=np.uint8)
+    comm.Allgather(buf, out)
+    return [bytes(out[i, :sizes[i]]).decode().split("\n") for i in range(comm.Get_size())]
+
+
+def _write_trace(path, tl, grid):
+    from minidist.trace import chrome_trace
+    if grid.rank != 0:
+        return
+    tracks = {r: [(f"{OPS[int(o)]}{int(mb)}" + (f".{int(c)}" if tl[:, :, 2].max() > 0 else ""), t0, t1, OPS[int(o)])
+                  for o, mb, c, t0, t1 in tl[r]] for r in range(len(tl))}
+    chrome_trace(tracks, path, process="lesson 04: one step of the pipeline")
+    say(f"trace of the last step written to {path} (open it in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
+    common.add_model_flags(p, n_layer=8, n_head=2, n_embd=32, block_size=16, batch_size=8)
+    p.add_argument("--schedule", choices=schedules.NAMES, default="1f1b")
+    p.add_argument("--micro-batches", type=harness.positive_int, default=8, metavar="M")
+    p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
+                   help="model chunks per rank for --schedule interleaved (default %(default)s)")
+    p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
+    p.add_argument("--trace", metavar="PATH", help="write the last step's timeline as Chrome trace JSON")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.positive_float, default=0.5, help="clip the global gradient norm")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
