@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from minidist import context
-from minidist.comm import ring_all_gather, ring_reduce_scatter
+from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_all_gather_start
 from minidist.tensor import Function, backward_step_callback
 
@@ -60,8 +60,10 @@ def free_params(group):
 
 
 def reduce_grads(comm, group):
-    """Reduce-scatter a unit's gradients (/ N) into my shard's gradient; drop the full ones."""
-    group.add_grad(ring_reduce_scatter(comm, group.flat_grads(), op="sum") / comm.Get_size())
+    """Reduce-scatter a unit's gradients (/ N) into my shard's gradient; drop the full ones
+    (exercise 5.2's reduce_scatter_grad does the communication)."""
+    from minidist.parallel.zero import reduce_scatter_grad
+    group.add_grad(reduce_scatter_grad(comm, group.flat_grads()))
 
 
 def FSDP(model, opt, comm, reshard_after_forward=True, prefetch=True):
@@ -111,6 +113,7 @@ class Units:
         self.hooks += [p.register_grad_ready_hook(self._grad_ready) for _, p in named]
         self.gathered, self.handles = {}, {}
         self.live = self.peak = 0              # bytes of gathered parameters, now and at most
+        self.on_grad = lambda: None            # ZeRO notes its gradient bytes here (before a reduce)
         self.events = []                       # (unit, what, t0, t1) for the timeline
         self.pending = {}
 
@@ -126,19 +129,22 @@ class Units:
             why = "wait"
         else:
             full = gather_params(self.comm, g)
-            self._count(full.nbytes)
         self.gathered[u] = full
+        self._measure()
         self.events.append((u, why, t0, time.perf_counter()))
 
-    def _count(self, nbytes):
-        self.live += nbytes
+    def _measure(self):
+        """Bytes of gathered parameters alive now, read from the arrays: the gathered flat
+        buffers and the buffers prefetches are filling."""
+        self.live = (sum(full.nbytes for full in self.gathered.values())
+                     + sum(h.out.nbytes for h in self.handles.values()))
         self.peak = max(self.peak, self.live)
 
     def start_prefetch(self, u):
         if 0 < u < len(self.groups) and u not in self.gathered and u not in self.handles:
             g = self.groups[u]
             self.handles[u] = ring_all_gather_start(self.comm, g.shard, g.n)
-            self._count(g.n * g.shard.itemsize)
+            self._measure()
             self.events.append((u, "prefetch", time.perf_counter(), time.perf_counter()))
 
     def free(self, u):
@@ -146,7 +152,8 @@ class Units:
             return
         full = self.gathered.pop(u)
         free_params(self.groups[u])
-        self.live -= full.nbytes
+        del full
+        self._measure()
         self.events.append((u, "free", time.perf_counter(), time.perf_counter()))
 
     # -- the hooks
@@ -179,6 +186,7 @@ class Units:
         u = self.unit_of[id(p)]
         self.pending[u] -= 1
         if self.pending[u] == 0:              # the unit's backward is over
+            self.on_grad()
             t0 = time.perf_counter()
             reduce_grads(self.comm, self.groups[u])
             self.events.append((u, "reduce-scatter", t0, time.perf_counter()))

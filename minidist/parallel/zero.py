@@ -164,6 +164,7 @@ class ZeRO:
             from minidist.parallel.fsdp import Units
             self.units = Units(model, comm, reshard_after_forward, prefetch)
             self.groups = self.units.groups
+            self.units.on_grad = self._note_grads   # a unit's full gradients, just before its reduce
         self.inner = sharded_adamw(opt, self.groups)
         self.param_groups = self.inner.param_groups
         self.hooks = []
@@ -172,6 +173,7 @@ class ZeRO:
             self.hooks = [p.register_grad_ready_hook(self._grad_ready) for _, p in named]
         self.pending, self.in_flight, self.communicating = {}, [], False
         self.peak_grad_bytes = self.held_grad_bytes = 0
+        self.peak_grad_split = {"full": 0, "partitions": 0, "in_flight": 0}   # what made the peak
 
     # -- the optimizer's face
     def zero_grad(self):
@@ -211,6 +213,7 @@ class ZeRO:
         with backward_step_callback(self._progress) if self.overlap else contextlib.nullcontext():
             yield
         self.communicating = False
+        self._note_grads()                          # naive: every full-size gradient is alive now
         for g in self.groups:                       # naive: now, bucket after bucket
             if not self.overlap or self.pending[id(g)] > 0:
                 self._reduce(g, self.comm.Get_size())
@@ -232,7 +235,7 @@ class ZeRO:
             h.test()
 
     def _reduce(self, g, n):
-        g.add_grad(ring_reduce_scatter(self.comm, g.flat_grads(), op="sum") / n)
+        g.add_grad(reduce_scatter_grad(self.comm, g.flat_grads()))
         self._note_grads()
 
     def sync(self):
@@ -257,15 +260,19 @@ class ZeRO:
 
     # -- memory, measured from the arrays this rank holds
     def _note_grads(self):
-        self.peak_grad_bytes = max(self.peak_grad_bytes, self.grad_bytes())
+        split = self.grad_split()
+        if sum(split.values()) > self.peak_grad_bytes:
+            self.peak_grad_bytes, self.peak_grad_split = sum(split.values()), split
+
+    def grad_split(self):
+        """Gradient bytes alive now, read from the arrays: the model's full-size .grad
+        arrays, my reduced partitions, and the buckets whose reduce-scatter is in flight."""
+        return {"full": sum(p.grad.nbytes for p in self.model.parameters() if p.grad is not None),
+                "partitions": sum(g.grad.nbytes for g in self.groups if g.grad is not None),
+                "in_flight": sum(h.src.nbytes for _, h in self.in_flight if not h.done)}
 
     def grad_bytes(self):
-        """Gradient bytes alive now: the model's .grad arrays, my reduced partitions and
-        the buckets whose reduce-scatter is in flight."""
-        full = sum(p.grad.nbytes for p in self.model.parameters() if p.grad is not None)
-        parts = sum(g.grad.nbytes for g in self.groups if g.grad is not None)
-        flying = sum(h.src.nbytes for _, h in self.in_flight if not h.done)
-        return full + parts + flying
+        return sum(self.grad_split().values())
 
     def memory(self):
         """Bytes by category on this rank, measured from its arrays after the step:
@@ -320,14 +327,15 @@ def expected_sent(zero, micro_batches=1):
     return out
 
 
-def paper_sent(stage, psi, size, itemsize, micro_batches=1, root=0):
+def paper_sent(stage, psi, size, itemsize, micro_batches=1, root=0, reshard=True):
     """The paper's count, bytes per rank per step: (N-1)/N x (2 Psi for stages 0-2, 3 Psi
-    for stage 3, less the root unit's backward gather `root` this code never makes)."""
+    for stage 3, less the root unit's backward gather `root` this code never makes; 2 Psi
+    without resharding after forward: nothing is gathered twice)."""
     f = (size - 1) / size * itemsize
     if stage == 0:
         return f * 2 * psi
     if stage == 3:
-        return f * micro_batches * (3 * psi - root)
+        return f * micro_batches * ((3 * psi - root) if reshard else 2 * psi)
     return f * ((psi if stage == 1 else micro_batches * psi) + psi)
 
 
