@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minidist import grade
+from minidist import grade, referee
 from minidist.lessons.checks import ex00_autograd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +83,8 @@ def test_missing_function_and_broken_file(tmp_path):
 
 def test_a_serial_check_that_never_finishes_is_a_fail_not_a_hang_and_no_deadlock():
     t0 = time.perf_counter()
-    verdict, message, finished = grade.run_check(lambda fn: fn(), lambda: time.sleep(30), timeout=0.5)
-    assert verdict == grade.FAIL and not finished and "did not finish" in message
+    verdict, message, finished = referee.run_check(lambda fn: fn(), lambda: time.sleep(30), timeout=0.5)
+    assert verdict == referee.FAIL and not finished and "did not finish" in message
     assert "deadlock" not in message
     assert time.perf_counter() - t0 < 5
 
@@ -103,8 +103,8 @@ def test_an_endless_loop_in_exercise_00_is_graded_within_its_timeout(tmp_path):
 def test_exceptions_name_the_students_line():
     def student():
         return [][1]
-    verdict, message, _ = grade.run_check(lambda fn: fn(), student, timeout=5)
-    assert verdict == grade.FAIL and message.startswith("IndexError") and "line" in message
+    verdict, message, _ = referee.run_check(lambda fn: fn(), student, timeout=5)
+    assert verdict == referee.FAIL and message.startswith("IndexError") and "line" in message
 
 
 def test_multi_rank_exercises_fail_without_mpirun():
