@@ -40,7 +40,10 @@ def check_input(args, cfg, world):
     harness.need(pp <= world and world % pp == 0,
                  f"--pp {pp} must divide the {world} ranks of the world (the rest is data parallelism)")
     v = args.chunks if args.schedule == "interleaved" else 1
-    m, dp = args.micro_batches, world // pp
+    dp = world // pp
+    if args.micro_batches is None:              # default: 8, or one sequence per micro-batch
+        args.micro_batches = max(1, min(8, args.batch_size // dp))
+    m = args.micro_batches
     harness.need(pp * v <= cfg.n_layer, f"{pp * v} pipeline stages" + (f" ({pp} ranks x {v} chunks)" if v > 1 else "")
                  + f" but only {cfg.n_layer} layers: every stage needs a layer (--n-layer {pp * v} or more)")
     if args.schedule == "interleaved":
@@ -82,7 +85,7 @@ def main(args):
     comm = MPI.COMM_WORLD
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
-    pp, v, dp_size = check_input(args, cfg, world)
+    pp, v, _ = check_input(args, cfg, world)
     m = args.micro_batches
     data = common.load_dataset(args, comm)
     grid = ProcessGrid(pp=pp)
@@ -259,7 +262,8 @@ def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
     common.add_model_flags(p, n_layer=8, n_head=2, n_embd=32, block_size=16, batch_size=8)
     p.add_argument("--schedule", choices=schedules.NAMES, default="1f1b")
-    p.add_argument("--micro-batches", type=harness.positive_int, default=8, metavar="M")
+    p.add_argument("--micro-batches", type=harness.positive_int, metavar="M",
+                   help="micro-batches per step and replica (default: 8, at most one sequence each)")
     p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
                    help="model chunks per rank for --schedule interleaved (default %(default)s)")
     p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
