@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from minidist import ops
+from minidist import ops, recompute
 from minidist.backend import dtype_of, to_numpy, xp
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
 from minidist.optim import AdamW
@@ -121,6 +121,7 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias, dtype=config.dtype)
         self.resid_dropout = Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+        self.recompute_core = False                                    # selective recomputation
 
     def forward(self, x, rng=None, cache=None):
         B, T, C = x.shape
@@ -133,7 +134,7 @@ class CausalSelfAttention(Module):
             y = Tensor(cache.attend(q.data, k.data, v.data))           # (B, nh, T, hs)
         else:
             p = self.dropout if self.training else 0.0
-            y = ops.causal_attention(q, k, v, dropout_p=p, rng=rng)    # (B, nh, T, hs)
+            y = recompute.attention_core(q, k, v, p, rng, self.recompute_core)   # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)                         # (B, T, C)
         return self.resid_dropout(self.c_proj(y), rng)
 
@@ -197,6 +198,14 @@ class GPT(Module):
             ln_f=LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype),
         )
         self._init_weights(seed)
+        self.recompute = recompute.Policy("none")
+
+    def set_recompute(self, policy="none", k=None):
+        """Recompute activations in backward instead of keeping them (minidist/recompute.py):
+        "none", "full" (every block), "every-k" (segments of k blocks, k = round(sqrt(L)) by
+        default) or "selective" (the attention core). Gradients are unchanged, exactly."""
+        recompute.set_policy(self, policy, k)
+        return self
 
     def _init_weights(self, seed):
         """nanoGPT's init: N(0, 0.02) weights, c_proj N(0, 0.02/sqrt(2 n_layer)), zero biases,
@@ -234,8 +243,7 @@ class GPT(Module):
         tok_emb = tr.wte(idx)                                           # (B, T, C)
         pos_emb = tr.wpe(xp.arange(first, first + T))                  # (T, C)
         x = tr.drop(tok_emb + pos_emb, rng)
-        for i, block in enumerate(tr.h):
-            x = block(x, rng, None if cache is None else cache.layers[i])
+        x = recompute.run_blocks(self.recompute, tr.h, x, rng, caches=None if cache is None else cache.layers)
         x = tr.ln_f(x)
         logits = x @ tr.wte.weight.T                                    # (B, T, vocab)
         loss = ops.cross_entropy(logits, xp.asarray(targets)) if targets is not None else None
