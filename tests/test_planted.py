@@ -171,3 +171,23 @@ def test_bad_flags_under_mpirun_are_one_line_once_and_exit_2():
         lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
         assert len(lines) == 1 and "error:" in lines[0], lines
         assert "might wait" not in proc.stderr
+
+
+ALL_04 = {
+    "04_good_student.py": {"4.1": None, "4.2": None, "4.3": None},
+    "04_warmup_off_by_one.py": {"4.2": "rank 0 holds 2 micro-batches' activations at once"},
+    "04_backward_before_forward.py": {"4.1": "rank 0 runs B0 before F0"},
+    "04_send_before_recv.py": {"4.1": None, "4.2": None, "4.3": "did not finish"},
+}
+
+
+def test_planted_04_bugs_fail_and_the_stubs_are_todo(tmp_path):
+    """At 3 ranks: the stubs are TODO, a correct file PASSes, a 1F1B warm-up off by one and a
+    backward before its forward FAIL at once in words, two facing blocking sends FAIL as a deadlock."""
+    timeout = 6
+    stubs = ROOT / "lessons" / "exercises" / "04_pipeline_parallel.py"
+    proc, run = grade(3, [stubs] + [PLANTED / f for f in ALL_04], "04", timeout, tmp_path)
+    rows = [r for r in run["results"] if r["file"] == str(stubs)]
+    assert [r["verdict"] for r in rows] == ["TODO"] * 3, rows
+    run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
+    assert_rows(proc, run, ALL_04, timeout, deadlock=True)
