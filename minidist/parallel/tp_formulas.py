@@ -42,7 +42,7 @@ def _bounds(n, size):
     return chunk_bounds(n, size)
 
 
-def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None):
+def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, recomputed_layers=0):
     """{collective: (calls, bytes)} this rank sends in one training step.
 
     Per micro-batch of `batch` sequences of T tokens (h = n_embd, L layers):
@@ -54,11 +54,15 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None):
     clipping, one all-reduce of one float64 (the squared norm of the shards,
     TensorParallelSync.grad_norm_sq); with a
     data-parallel group (NaiveDataParallel), one ring all-reduce per parameter shard.
+    recomputed_layers: layers whose forward runs again in backward (activation
+    recomputation, minidist/recompute.py: L for full and every-k, 0 for selective, whose
+    attention core has no collective): each repeats its 2 forward g's (under SP its 2
+    reduce-scatters and 2 all-gathers) per micro-batch.
     """
     cfg, t, r = model.config, model.tp, model.tp_rank
     item = np.dtype(cfg.dtype).itemsize
     L, C, k = cfg.n_layer, cfg.n_embd, micro_batches
-    n_big = 4 * L + 2
+    n_big = 4 * L + 2 + 2 * recomputed_layers
     out = {"all_reduce": [0, 0], "all_gather": [0, 0], "reduce_scatter": [0, 0]}
 
     def add(name, calls, elements, itemsize=item):
@@ -106,27 +110,81 @@ def generation_feeds(prompt, n, block_size):
 # ----------------------------------------------------------------------------- activation memory
 
 
-def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True):
-    """Elements one transformer layer saves for backward on one rank, array by array as
-    this engine's Functions save them (fused.py, ops.py); {what: elements}.
+LN = "layer norms: normalised input (2 x b*s*h)"
+LN_STD = "layer norms: 1/std per token (2 x b*s)"
+COL_IN = "c_attn, c_fc: input (2 x b*s*h, whole even under SP)"
+QKV = "attention: q/sqrt(hs), k, v (3 x b*s*h/t)"
+PROBS = "attention: probabilities (a*s^2*b/t)"
+MASKS = "dropout masks after attention and MLP (2 x b*s*h)"
+ATT_MASK = "attention dropout mask (a*s^2*b/t)"
+
+
+def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True):
+    """[(part, what, elements)]: the arrays one transformer layer saves for backward on one
+    rank, in the order its forward saves them (fused.py, ops.py). part: "before", "core"
+    or "after" the attention core (what selective recomputation reruns); what: the
+    line of engine_layer_elements it counts in.
 
     t = 1: one process. s_r: this rank's tokens under sequence parallelism (None: plain
     tensor parallelism, the residual stream whole on every rank). Weights a node saves
     are parameters, not activations, and are not counted (minidist/context.py).
     """
     res = s if s_r is None else s_r                     # tokens of the residual stream here
-    out = {"layer norms: normalised input (2 x b*s*h)": 2 * b * res * h,
-           "layer norms: 1/std per token (2 x b*s)": 2 * b * res,
-           "c_attn, c_fc: input (2 x b*s*h, whole even under SP)": 2 * b * s * h,
-           "attention: q/sqrt(hs), k, v (3 x b*s*h/t)": 3 * b * s * h // t,
-           "attention: probabilities (a*s^2*b/t)": a * s * s * b // t,
-           "attn.c_proj: input (b*s*h/t)": b * s * h // t,
-           "GELU: input (4 b*s*h/t)": 4 * b * s * h // t,
-           "mlp.c_proj: input (4 b*s*h/t)": 4 * b * s * h // t}
-    if dropout:
-        out["dropout masks after attention and MLP (2 x b*s*h)"] = 2 * b * res * h
-        out["attention dropout mask (a*s^2*b/t)"] = a * s * s * b // t
+    d = bool(dropout)
+    saves = [("before", LN, b * res * h), ("before", LN_STD, b * res),         # ln_1
+             ("before", COL_IN, b * s * h),                                      # c_attn
+             ("core", QKV, 3 * b * s * h // t), ("core", PROBS, a * s * s * b // t),
+             ("core", ATT_MASK, d * a * s * s * b // t),
+             ("after", "attn.c_proj: input (b*s*h/t)", b * s * h // t),
+             ("after", MASKS, d * b * res * h),                                  # resid_dropout
+             ("after", LN, b * res * h), ("after", LN_STD, b * res),             # ln_2
+             ("after", COL_IN, b * s * h),                                       # c_fc
+             ("after", "GELU: input (4 b*s*h/t)", 4 * b * s * h // t),
+             ("after", "mlp.c_proj: input (4 b*s*h/t)", 4 * b * s * h // t),
+             ("after", MASKS, d * b * res * h)]                                  # mlp dropout
+    return [x for x in saves if dropout or x[1] not in (MASKS, ATT_MASK)]
+
+
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True):
+    """Elements one transformer layer saves for backward on one rank, {what: elements},
+    engine_layer_saves added up line by line."""
+    out = {}
+    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout):
+        out[what] = out.get(what, 0) + n
     return out
+
+
+def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None):
+    """The meter's peak over the forward and backward of n_layer blocks under a
+    recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
+
+    With A one layer's saves (engine_layer_saves) and x = b*s*h a block's input:
+    - none: L A, at the end of the forward;
+    - full / every-k (segments of k blocks): the forward keeps one input per segment;
+      rebuilding segment j in backward adds its blocks' A while the inputs of segments
+      0..j are still kept: max over j of (j + 1) x + (blocks of j) A. full (k = 1):
+      L x + A. k = sqrt(L): about 2 sqrt(L) (x + A) (Chen et al. 2016);
+    - selective: each layer keeps q, k, v in place of the core's arrays (q/sqrt(hs),
+      k, v, probabilities, mask); the last layer's rerun adds the core again beside its
+      checkpoint's q, k, v (the meter counts an array once per node that saves it).
+    """
+    from minidist.recompute import segments        # the same cut the policy makes
+    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout)
+    A = sum(n for _, _, n in saves)
+    x = b * (s if s_r is None else s_r) * h
+    L = n_layer
+    if policy == "none":
+        return L * A
+    if policy in ("full", "every-k"):
+        segs = segments(L, 1 if policy == "full" else k)
+        return max(len(segs) * x, max((j + 1) * x + (hi - lo) * A for j, (lo, hi) in enumerate(segs)))
+    if policy == "selective":
+        core = sum(n for part, _, n in saves if part == "core")
+        before = sum(n for part, _, n in saves if part == "before")
+        qkv = 3 * b * s * h // t
+        kept = A - core + qkv
+        return max(L * kept, (L - 1) * kept + before + qkv + core)
+    raise ValueError(f"unknown recomputation policy {policy!r}")
 
 
 def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):

@@ -21,7 +21,7 @@ import contextlib
 
 import numpy as np
 
-from minidist import ops
+from minidist import ops, recompute
 from minidist.backend import to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
@@ -112,6 +112,7 @@ class ParallelAttention(Module):
         self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
         self.n_head, self.dropout = full.n_head, full.dropout
         self.t, self.rank = comm.Get_size(), comm.Get_rank()
+        self.recompute_core = False                                    # selective recomputation
 
     def forward(self, x, rng, seq, cache=None):
         sp = seq is not None                                           # seq: (T, lo, hi) under SP
@@ -128,7 +129,7 @@ class ParallelAttention(Module):
         p = self.dropout if self.training else 0.0
         heads = slice(self.rank * nh, (self.rank + 1) * nh)
         att_rng = SlicedRNG(rng, (B, self.n_head, T, T), (slice(None), heads)) if p > 0 else None
-        y = ops.causal_attention(q, k, v, dropout_p=p, rng=att_rng)   # (B, nh/t, T, hs)
+        y = recompute.attention_core(q, k, v, p, att_rng, self.recompute_core)   # (B, nh/t, T, hs)
         y = y.transpose(1, 2).reshape(B, T, c)                         # (B, T, C/t)
         return sequence_dropout(self.c_proj(y, sp), p, rng, seq)       # (B, T or T_r, C)
 
@@ -202,6 +203,12 @@ class TensorParallelGPT(Module):
         )
         self.dropout = cfg.dropout
         check_sharded(self)
+        self.set_recompute(full.recompute.name, full.recompute.k)     # as the whole model was set
+
+    def set_recompute(self, policy="none", k=None):
+        """As GPT.set_recompute: the rerun repeats the forward's f/g collectives (recompute.py)."""
+        recompute.set_policy(self, policy, k)
+        return self
 
     def forward(self, idx, targets=None, rng=None, cache=None):
         """cache: a KVCache of this rank's heads (generation, under no_grad); a step of
@@ -225,8 +232,7 @@ class TensorParallelGPT(Module):
             tok = leave_region(tok, comm, sp)                 # (B, T, C): g sums the lookups
             pos = tr.wpe(xp.arange(first, first + T))         # (T, C)
         x = sequence_dropout(tok + pos, self.dropout if self.training else 0.0, rng, seq)
-        for i, block in enumerate(tr.h):
-            x = block(x, rng, seq, None if cache is None else cache.layers[i])
+        x = recompute.run_blocks(self.recompute, tr.h, x, rng, seq, caches=None if cache is None else cache.layers)
         x = enter_region(tr.ln_f(x), comm, sp)                # (B, T, C): f, or the all-gather
         logits = x @ tr.wte.weight.T                          # (B, T, V/t): my vocabulary
         loss = None
