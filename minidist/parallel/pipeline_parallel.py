@@ -189,7 +189,6 @@ class PipelineParallel:
         n, split = model.p * model.v, self.split
         saved, held, pending, total = {}, {}, [], 0.0
         outgoing, live, self.events, self.peak_live = None, 0, [], 0
-        t_step = time.perf_counter()
         for action in self.actions + [None]:
             spec = None if action is None else self._recv_spec(action, batches)
             with waiting(f"pipeline exchange before {action}"):
@@ -237,7 +236,7 @@ class PipelineParallel:
                 for p, g in held.pop((mb, c)):
                     p.grad = g if p.grad is None else p.grad + g
                 live -= 1
-            self.events.append((op, mb, c, t0 - t_step, time.perf_counter() - t_step))
+            self.events.append((op, mb, c, t0, time.perf_counter()))   # one clock for all ranks of a node
         for req, _ in pending:                      # every send completes before the step ends
             with waiting("pipeline sends of this step"):
                 req.Wait()
