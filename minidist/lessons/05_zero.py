@@ -36,7 +36,7 @@ def make_run(args, cfg):
     return model, model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2)), tc
 
 
-def run_stage(stage, args, cfg, data, rows, comm, ref):
+def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
     """Train one stage; return its row of figures (all reduced over ranks: the largest)."""
     world = comm.Get_size()
     model, opt, tc = make_run(args, cfg)
@@ -44,7 +44,7 @@ def run_stage(stage, args, cfg, data, rows, comm, ref):
         dp = BucketedDataParallel(model, comm, bucket_bytes=args.bucket_kb * 1024)
         runner = opt
     else:
-        dp = runner = ZeRO(model, opt, comm, stage=stage, bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap)
+        dp = runner = ZeRO(model, opt, comm, stage=stage, bucket_bytes=args.bucket_kb * 1024, overlap=overlap)
     MEMORY.reset_peak()
     with stats.measure() as m:
         losses, state, times = common.train_and_collect(model, runner, data, args, tc, rows, args.grad_accum, dp)
@@ -57,21 +57,49 @@ def run_stage(stage, args, cfg, data, rows, comm, ref):
     names = ("reduce_scatter", "all_gather") if stage else ("all_reduce",)
     sent = {c: int(common.mpi_reduce(comm, m.bytes_sent(c) // args.steps)) for c in names}
     if stage == 0:
-        grads = sum(p.data.nbytes for p in model.parameters())
-        mem = {"params": grads, "grads": grads, "optimizer": opt.state_bytes()}
+        grads = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
+        mem = {"params": sum(p.data.nbytes for p in model.parameters()), "grads": grads,
+               "optimizer": opt.state_bytes()}
+        split = {"full": grads, "partitions": 0, "in_flight": 0}
         from minidist.parallel.tp_formulas import ring_all_reduce_sent
         exact = {"all_reduce": int(common.mpi_reduce(comm, sum(
             ring_all_reduce_sent(b.flat.size, world, comm.Get_rank()) * item for b in dp.buckets)))}
     else:
         mem = dp.memory()
+        split = dp.peak_grad_split
         exact = {c: int(common.mpi_reduce(comm, v)) for c, v in expected_sent(dp, args.grad_accum).items()}
     mem = {k: int(common.mpi_reduce(comm, v)) for k, v in mem.items()}
     mem["activations_peak"] = int(common.mpi_reduce(comm, MEMORY.peak_bytes))
+    split = {k: int(v) for k, v in split.items()}   # this rank's: the table shows rank 0's peak and its parts
+    peak = int(common.mpi_reduce(comm, sum(split.values()) if stage == 0 else dp.peak_grad_bytes))
     root = dp.groups[0].n if stage == 3 else 0
-    return dict(stage=stage, rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
+    blocks = max(g.n for g in dp.groups[1:]) if stage == 3 and len(dp.groups) > 1 else 0
+    if stage == 2 and overlap:                      # the largest bucket, for the in-flight bound
+        blocks = dp.max_in_flight * max(g.n for g in dp.groups)
+    name = f"{stage}" + ((" overlap" if overlap else " naive") if stage == 2 else "")
+    return dict(stage=stage, name=name, grad_peak=peak, grad_split=split,
+                grad_peak_formula=peak_grad_formula(stage, overlap, psi, world, item, args.grad_accum, root, blocks), rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
                 losses=list(state["loss"]), mem=mem, formula=paper_memory(stage, psi, world, item),
                 sent=sent, exact=exact, paper=paper_sent(stage, psi, world, item, args.grad_accum, root),
                 psi=psi, root=root, time=float(common.mpi_reduce(comm, float(np.median(times)))))
+
+
+def peak_grad_formula(stage, overlap, psi, n, item, k, root, block):
+    """Gradient bytes alive at the peak of a step, by the stage's rule: (bytes, words).
+    Stage 2 overlapped and stage 3 are bounds: the buckets or units alive at once depend on
+    where backward is when the peak comes."""
+    part = psi * item / n
+    if stage == 0:
+        return psi * item, "Psi: every rank holds the whole gradient"
+    if stage == 1:
+        return psi * item + part, "Psi + Psi/N: the local gradient and my reduced partition"
+    if stage == 2 and not overlap:
+        extra = part if k > 1 else 0
+        return psi * item + extra, ("Psi" + (" + Psi/N" if k > 1 else "")
+                                    + ": the whole gradient waits for backward's end" + (", beside my partition" if k > 1 else ""))
+    if stage == 2:
+        return part + block * item, "Psi/N + at most 2 buckets in flight (+ the .grad of buckets still filling)"
+    return part + (root + block) * item, "at most Psi/N + root + one block (the root's wte waits for backward's end)"
 
 
 def main(args):
@@ -85,6 +113,8 @@ def main(args):
                                  f"--grad-accum {args.grad_accum}: {e}")
     data = common.load_dataset(args, comm)
     stages = [0, 1, 2, 3] if args.stage == "all" else [int(args.stage)]
+    # stage 2 both ways (the difference is the lesson), unless --overlap asks for the one
+    runs = [(s, o) for s in stages for o in ((True,) if s == 2 and args.overlap else (False, True) if s == 2 else (False,))]
     say(f"Lesson 05: ZeRO stage {args.stage} on {world} ranks"
         + (" (stage 2 overlapped with backward)" if args.overlap else "") + "\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} {cfg.dtype}; global batch "
@@ -98,9 +128,9 @@ def main(args):
         say(f"  - {line}")
     say("  sharded stages: each rank's partition \"NAME[a:b]\" against elements a:b of the reference's NAME\n")
     rows_out = []
-    for s in stages:
+    for s, o in runs:
         t0 = time.perf_counter()
-        rows_out.append(run_stage(s, args, cfg, data, rows, comm, ref))
+        rows_out.append(run_stage(s, o, args, cfg, data, rows, comm, ref))
         rows_out[-1]["wall"] = time.perf_counter() - t0
     item = np.dtype(cfg.dtype).itemsize
     psi = rows_out[0]["psi"]
@@ -109,33 +139,53 @@ def main(args):
     table = []
     for r in rows_out:
         cell = lambda k: f"{fmt_bytes(r['mem'][k])} | {fmt_bytes(r['formula'][k])}"   # noqa: E731
-        table.append([r["stage"], f"{r['rel']:.1e}", cell("params"), cell("grads"), cell("optimizer"),
+        table.append([r["name"], f"{r['rel']:.1e}", cell("params"), cell("grads"), cell("optimizer"),
                       fmt_bytes(r["mem"]["activations_peak"]), f"{r['time'] * 1e3:.0f} ms"])
     harness.table(table, header=header)
     say("  formula: params Psi (stage 3: Psi/N), grads Psi (stage 1: the local Psi + my reduced Psi/N; 2, 3: Psi/N),"
         "\n  optimizer 2 Psi values of AdamW's m and v (stages 1-3: Psi/N); x bytes per value")
-    say("\ncommunication per step per rank, bytes sent: measured | ring's exact count | paper's (N-1)/N x k Psi")
+    say("\ngradient memory at its peak during a step on rank 0, measured from the arrays: the peak and what made it")
+    harness.table([[r["name"], fmt_bytes(sum(r["grad_split"].values())), fmt_bytes(r["grad_split"]["full"]),
+                     fmt_bytes(r["grad_split"]["partitions"]), fmt_bytes(r["grad_split"]["in_flight"]),
+                     f"{fmt_bytes(r['grad_peak_formula'][0])}  {r['grad_peak_formula'][1]}"] for r in rows_out],
+                  header=["stage", "peak", "full-size .grad", "my partitions", "buckets in flight", "formula"])
+    over = [r for r in rows_out if r["name"] == "2 overlap"]
+    naive = [r for r in rows_out if r["name"] == "2 naive"]
+    if over and naive:
+        say(f"  stage 2 overlapped peaks at {over[0]['grad_peak'] / naive[0]['grad_peak']:.0%} of the naive version "
+            "(largest over ranks): a bucket's full-size\n  gradient goes once its reduce-scatter is done, two at most "
+            "fly at once; wte's gradient, tied to the head, fills all through backward")
+    k = args.grad_accum
+    labels = {0: "2 Psi", 1: "2 Psi", 2: f"{k} Psi + Psi" if k > 1 else "2 Psi", 3: f"{k} x (3 Psi - root)" if k > 1 else "3 Psi - root"}
+    say("\ncommunication per step per rank, bytes sent: measured | ring's exact count | paper's (N-1)/N x what is sent")
     for r in rows_out:
         got, exact = sum(r["sent"].values()), sum(r["exact"].values())
-        k = ("2 Psi" if r["stage"] < 2 or args.grad_accum == 1 else f"{args.grad_accum + 1} Psi") if r["stage"] < 3 else "3 Psi - root"
-        say(f"  stage {r['stage']}  {got:>10,} | {exact:>10,} | {r['paper']:>12,.0f} ({k})  "
+        say(f"  stage {r['name']:<9} {got:>10,} | {exact:>10,} | {r['paper']:>12,.0f} ({labels[r['stage']]})  "
             + ", ".join(f"{c} {v:,}" for c, v in r["sent"].items())
             + ("" if got == exact else "  DIFFERS"))
+    say("  stages 0, 1: the gradient is reduced once per step (2 Psi); stages 1-3 all-gather Psi of weights"
+        + (f";\n  with {k} micro-batches stage 2 reduce-scatters each one ({k} Psi: it keeps no full gradient to add into),"
+           f" stage 3 gathers and reduces per micro-batch" if k > 1 else ""))
     if 3 in stages:
-        say("  stage 3's root unit (embeddings, ln_f) stays gathered from forward to backward: the head tied to wte "
-            "is backward's first op")
+        root = rows_out[-1]["root"]
+        say(f"  stage 3: gather for forward, again for backward, reduce-scatter: 3 Psi, less the root unit ({root:,} "
+            "parameters:\n  embeddings, ln_f), which stays gathered from forward to backward because the head tied "
+            "to wte is backward's first op")
     rel = max(r["rel"] for r in rows_out)
     match = bool(rel <= tol and all(sum(r["sent"].values()) == sum(r["exact"].values()) for r in rows_out))
     say(f"\nlosses: reference {', '.join(f'{v:.6f}' for v in ref[0])}; tolerance {tol:.0e} per tensor")
     last = rows_out[-1]
     figures = {}
     for r in rows_out:
+        key = "stage" + r["name"].replace(" ", "_")
         for k in ("params", "grads", "optimizer"):
-            figures[f"stage{r['stage']}_{k}_measured"] = r["mem"][k]
-            figures[f"stage{r['stage']}_{k}_formula"] = r["formula"][k]
-        figures[f"stage{r['stage']}_bytes_sent"] = sum(r["sent"].values())
-        figures[f"stage{r['stage']}_bytes_paper"] = r["paper"]
-        figures[f"stage{r['stage']}_max_rel_diff"] = r["rel"]
+            figures[f"{key}_{k}_measured"] = r["mem"][k]
+            figures[f"{key}_{k}_formula"] = r["formula"][k]
+        figures[f"{key}_grads_peak_measured"] = r["grad_peak"]
+        figures[f"{key}_grads_peak_formula"] = r["grad_peak_formula"][0]
+        figures[f"{key}_bytes_sent"] = sum(r["sent"].values())
+        figures[f"{key}_bytes_paper"] = r["paper"]
+        figures[f"{key}_max_rel_diff"] = r["rel"]
     report = harness.new_report(
         "05_zero", args, parallel={"dp": world, "tp": 1, "pp": 1, "zero_stage": args.stage,
                                    "grad_accum": args.grad_accum, "overlap": bool(args.overlap)},
@@ -150,7 +200,8 @@ def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
     common.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24)
     p.add_argument("--stage", choices=["1", "2", "3", "all"], default="all", help="ZeRO stage (default all)")
-    p.add_argument("--overlap", action="store_true", help="stage 2: reduce-scatter buckets during backward")
+    p.add_argument("--overlap", action="store_true",
+                   help="stage 2: only the overlapped version (buckets reduce-scattered during backward)")
     p.add_argument("--bucket-kb", type=harness.positive_int, default=64, help="stage 2 bucket size in KiB")
     p.add_argument("--grad-accum", type=harness.positive_int, default=1, help="micro-batches per rank per step")
     p.add_argument("--lr", type=harness.positive_float, default=1e-3)

@@ -134,10 +134,16 @@ class Units:
         self.events.append((u, why, t0, time.perf_counter()))
 
     def _measure(self):
-        """Bytes of gathered parameters alive now, read from the arrays: the gathered flat
-        buffers and the buffers prefetches are filling."""
-        self.live = (sum(full.nbytes for full in self.gathered.values())
-                     + sum(h.out.nbytes for h in self.handles.values()))
+        """Bytes of gathered parameters alive now, read from what the parameters point at
+        (the buffers behind their arrays, each counted once) and the buffers prefetches are
+        filling: a unit whose parameters were never freed still counts."""
+        behind = {}
+        for g in self.groups:
+            for p in g.params:
+                if p.data.size:
+                    buf = p.data if p.data.base is None else p.data.base
+                    behind[id(buf)] = buf.nbytes
+        self.live = sum(behind.values()) + sum(h.out.nbytes for h in self.handles.values())
         self.peak = max(self.peak, self.live)
 
     def start_prefetch(self, u):

@@ -146,14 +146,17 @@ class ZeRO:
     stage 2: buckets of `bucket_bytes` in reverse parameter order; `overlap=False` (naive):
       after each micro-batch's backward, bucket after bucket, reduce-scatter then free;
       `overlap=True`: a bucket's non-blocking reduce-scatter starts when its last
-      gradient is ready and moves on between backward's ops (DeepSpeed's overlap_comm).
+      gradient is ready and moves on between backward's ops (DeepSpeed's overlap_comm);
+      at most `max_in_flight` at once (DeepSpeed's double buffer): starting one more waits
+      for the oldest, so the full-size copies alive stay a few buckets, not the gradient.
     """
 
     def __init__(self, model, opt, comm, stage=1, bucket_bytes=2**18, overlap=False,
-                 reshard_after_forward=True, prefetch=False):
+                 reshard_after_forward=True, prefetch=False, max_in_flight=2):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
         self.model, self.comm, self.stage, self.overlap = model, comm, stage, overlap
+        self.max_in_flight = max_in_flight
         named = model.named_parameters()
         if stage == 1:
             self.groups = [Group(named, comm)]
@@ -217,8 +220,8 @@ class ZeRO:
         for g in self.groups:                       # naive: now, bucket after bucket
             if not self.overlap or self.pending[id(g)] > 0:
                 self._reduce(g, self.comm.Get_size())
-        for g, h in self.in_flight:
-            g.add_grad(h.wait() / self.comm.Get_size())
+        while self.in_flight:
+            self._collect(0)
         self._note_grads()
 
     def _grad_ready(self, p):
@@ -228,11 +231,19 @@ class ZeRO:
         self.pending[id(g)] -= 1
         self._note_grads()
         if self.pending[id(g)] == 0:                # the bucket is complete: start its reduce-scatter
+            while len(self.in_flight) >= self.max_in_flight:
+                self._collect(0)                    # both buffers busy: wait for the oldest
             self.in_flight.append((g, ring_reduce_scatter_start(self.comm, g.flat_grads())))
 
     def _progress(self):
         for _, h in self.in_flight:
             h.test()
+        for i in [i for i, (_, h) in enumerate(self.in_flight) if h.done][::-1]:
+            self._collect(i)                        # done: keep my partition, drop the full copy
+
+    def _collect(self, i):
+        g, h = self.in_flight.pop(i)
+        g.add_grad(h.wait() / self.comm.Get_size())
 
     def _reduce(self, g, n):
         g.add_grad(reduce_scatter_grad(self.comm, g.flat_grads()))
