@@ -1,0 +1,223 @@
+"""Lesson 08: activation recomputation. Keep less for backward, compute it again when needed;
+the gradients must not change by a single bit.
+
+    python -m minidist.lessons.08_activation_recompute
+    python -m minidist.lessons.08_activation_recompute --policy every-k --k 2 --n-layer 9
+    mpirun -n 2 python -m minidist.lessons.08_activation_recompute --tp 2
+    python -m minidist.lessons.08_activation_recompute --json out.json
+
+The same GPT (dropout on) trains a few AdamW steps under each policy of
+minidist/recompute.py: none, full (every block a checkpoint), every-k (a checkpoint per k
+blocks, k = sqrt(L)) and selective (the attention core only). For each it prints the
+peak of the activation meter (minidist/context.py) over the blocks' forward and
+backward beside this engine's count for the policy (tp_formulas.recompute_peak_elements),
+the whole step's peak, Korthikanti et al.'s per-layer figure, the step time and its
+ratio to none, and how far the losses, raw gradients and weights are from none's (they
+must be equal: 1e-12). Then a sweep over n_layer shows the blocks' memory growing as L
+without recomputation and as sqrt(L) with a checkpoint every sqrt(L) blocks. With
+--tp the model is the tensor-parallel GPT of lesson 03: the rerun repeats the forward's
+collectives, and the bytes sent are held to expected_bytes(recomputed_layers=...).
+"""
+import math
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist import recompute
+from minidist.comm import stats
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.memory import activation_layer_bytes
+from minidist.model import GPT
+from minidist.parallel.tp_formulas import expected_bytes, recompute_peak_elements
+from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
+from minidist.rng import DropoutRNG
+from minidist.tensor import MEMORY, Tensor
+from minidist.train import TrainConfig
+
+TOLERANCE = 1e-12       # recomputation reruns the same arithmetic: equal, not close
+
+
+def check_input(args, cfg, world):
+    """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
+    tp = args.tp or world
+    harness.need(tp == world, f"--tp {tp} must be the world size ({world} ranks): this lesson shows "
+                              f"recomputation inside tensor parallelism only (data parallelism is lesson 02)")
+    harness.need(cfg.n_head % tp == 0, f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: "
+                                       f"each rank takes whole heads")
+    harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    harness.need(all(L >= 1 for L in args.sweep), f"--sweep takes layer counts of at least 1, got {args.sweep}")
+    return tp
+
+
+def build(cfg, seed, comm, policy, k):
+    full = GPT(cfg, seed=seed)
+    model = TensorParallelGPT(full, comm) if comm.Get_size() > 1 else full
+    return model.set_recompute(policy, k)
+
+
+def blocks_peak(model, b, seed):
+    """The meter's peak over the blocks' forward and backward (from a non-scalar gradient,
+    as a pipeline stage receives it): what recomputation changes, measured."""
+    cfg = model.config
+    g = np.random.default_rng(seed)
+    leaf = Tensor(g.standard_normal((b, cfg.block_size, cfg.n_embd)).astype(cfg.dtype), requires_grad=True)
+    rng = DropoutRNG(seed, 0, range(b)) if cfg.dropout > 0 else None
+    extra = (None,) if isinstance(model, TensorParallelGPT) else ()      # seq: no sequence parallelism
+    MEMORY.reset_peak()
+    base = MEMORY.live_bytes
+    y = recompute.run_blocks(model.recompute, model.transformer.h, leaf.reshape(leaf.shape), rng, *extra)
+    y.backward(g.standard_normal(y.shape).astype(cfg.dtype))
+    return MEMORY.peak_bytes - base
+
+
+def count(cfg, policy, b, t, k, n_layer=None):
+    item = np.dtype(cfg.dtype).itemsize
+    return recompute_peak_elements(policy, n_layer or cfg.n_layer, b, cfg.block_size, cfg.n_embd, cfg.n_head,
+                                   t=t, dropout=cfg.dropout > 0, k=k) * item
+
+
+def run_policy(policy, cfg, args, data, tc, comm):
+    """Train under one policy: (losses, state, median step time, whole-step peak, bytes sent, model)."""
+    model = build(cfg, args.seed, comm, policy, args.k)
+    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    sync = TensorParallelSync(model) if isinstance(model, TensorParallelGPT) else None
+    MEMORY.reset_peak()
+    base = MEMORY.live_bytes
+    with stats.measure() as m:
+        losses, state, times = common.train_and_collect(model, opt, data, args, tc, dp=sync)
+    peak = MEMORY.peak_bytes - base
+    sent = {n: m.bytes_sent(n) // args.steps for n in ("all_reduce",)}
+    return losses, state, float(np.median(times)), peak, sent, model, opt
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    world = comm.Get_size()
+    cfg = common.config_from_args(args, world)
+    tp = check_input(args, cfg, world)
+    data = common.load_dataset(args, comm)
+    L, b, s, h, a = cfg.n_layer, args.batch_size, cfg.block_size, cfg.n_embd, cfg.n_head
+    k = args.k or recompute.default_k(L)
+    policies = recompute.POLICIES if args.policy == "all" else ("none", args.policy)
+    policies = tuple(dict.fromkeys(policies))
+    say(f"Lesson 08: activation recomputation" + (f" inside tensor parallelism, tp={tp}" if tp > 1 else ", one process"))
+    say(f"model   n_layer={L} n_head={a} n_embd={h} block_size={s} vocab={cfg.vocab_size} dropout={cfg.dropout} "
+        f"{cfg.dtype}; batch {b} sequences; {args.steps} AdamW steps, clipping at {args.grad_clip}")
+    say(f"policies {', '.join(policies)} (every-k: a checkpoint per k={k} blocks"
+        + (", round(sqrt(L))" if not args.k else "") + ")\n")
+    tc = TrainConfig(batch_size=b, max_iters=args.steps, learning_rate=args.lr, min_lr=args.lr / 10,
+                     warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+
+    runs, ok = {}, True
+    for policy in policies:
+        losses, state, t, peak, sent, model, opt = run_policy(policy, cfg, args, data, tc, comm)
+        body = blocks_peak(model, b, args.seed)
+        want = count(cfg, policy, b, tp, k)
+        again = L if policy in ("full", "every-k") else 0
+        bytes_want = expected_bytes(model, b, s, clip=bool(args.grad_clip), recomputed_layers=again).get(
+            "all_reduce", (0, 0))[1] if tp > 1 else 0
+        state["loss"] = np.array(losses)
+        runs[policy] = dict(losses=losses, state=state, time=common.mpi_reduce(comm, t), body=body, count=want,
+                            equal=bool(common.mpi_reduce(comm, float(body != want)) == 0),
+                            step_peak=int(common.mpi_reduce(comm, peak)), sent=int(common.mpi_reduce(comm, sent["all_reduce"])),
+                            sent_want=int(common.mpi_reduce(comm, bytes_want)), model=model, opt=opt)
+    ref = runs["none"]
+    for policy, r in runs.items():
+        rel, absd, worst = harness.compare(r["state"], ref["state"])
+        r["rel"], r["abs"] = common.mpi_reduce(comm, [rel, absd])
+        r["worst"] = worst
+        r["bytes_ok"] = r["sent"] == r["sent_want"]
+        ok &= r["rel"] <= TOLERANCE and r["equal"] and r["bytes_ok"]
+
+    item = np.dtype(cfg.dtype).itemsize
+    say(f"activation memory per rank: the meter's peak over the {L} blocks' forward and backward (b={b} s={s} h={h} "
+        f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")")
+    rows = []
+    paper_name = {"none": "none", "selective": "selective", "full": "full"}
+    for policy, r in runs.items():
+        paper = activation_layer_bytes(s, b, h, a, tp, False, paper_name[policy]) * L if policy in paper_name else None
+        rows.append([policy, fmt_bytes(r["body"]), fmt_bytes(r["count"]), "equal" if r["equal"] else "DIFFERENT",
+                     f"{r['body'] / ref['body']:.2f}", fmt_bytes(paper) if paper else "-", fmt_bytes(r["step_peak"]),
+                     f"{r['time'] * 1e3:.1f}", f"{r['time'] / ref['time']:.2f}x", f"{r['rel']:.1e}"])
+    harness.table(rows, header=["policy", "blocks: measured", "engine's count", "", "/ none", "paper (16-bit) x L",
+                                "whole step peak", "step ms", "time / none", "max_rel_diff"])
+    x = b * s * h * item
+    A = count(cfg, "none", b, tp, k, n_layer=1)
+    say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
+    say(f"  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of "
+        f"(j+1) x + k A;\n  selective: q, k, v kept in place of the b*a*s*s probabilities and mask; the paper's "
+        f"34sbh + 5as^2b, 34sbh and 2sbh per layer\n  assume 16-bit values and 1-byte masks "
+        f"(docs/reference.md#activation-memory-per-layer)")
+    say("  time: full and every-k run each block's forward twice (about one forward more: ~4/3 of a step);\n"
+        "  selective reruns only the attention core")
+    if tp > 1:
+        say("\nbytes each rank sends per step (all-reduces): the rerun repeats each layer's 2 forward g's")
+        harness.table([[p, f"{r['sent']:,}", f"{r['sent_want']:,}", "equal" if r["bytes_ok"] else "DIFFERENT"]
+                       for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
+
+    # --- the sweep: L blocks without recomputation and with a checkpoint every sqrt(L)
+    say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints")
+    sweep_rows, figures = [], {}
+    for n in args.sweep:
+        c = type(cfg)(**{**cfg.__dict__, "n_layer": n})
+        kn = recompute.default_k(n)
+        none = blocks_peak(build(c, args.seed, comm, "none", None), b, args.seed)
+        every = blocks_peak(build(c, args.seed, comm, "every-k", kn), b, args.seed)
+        same = none == count(c, "none", b, tp, kn) and every == count(c, "every-k", b, tp, kn)
+        ok &= bool(common.mpi_reduce(comm, float(not same)) == 0)
+        sweep_rows.append([n, kn, fmt_bytes(none), fmt_bytes(none / n), fmt_bytes(every),
+                           fmt_bytes(every / math.sqrt(n)), "equal" if same else "DIFFERENT"])
+        figures.update({f"sweep_L{n}_none_bytes": none, f"sweep_L{n}_every_sqrt_L_bytes": every})
+    harness.table(sweep_rows, header=["L", "k", "none", "none / L", "every-k", "every-k / sqrt(L)", "vs count"])
+    say("  none / L stays constant (memory grows as L); every-k / sqrt(L) stays about constant (grows as sqrt(L))")
+
+    for policy, r in runs.items():
+        key = policy.replace("-", "_")
+        figures.update({f"{key}_blocks_peak_bytes_measured": r["body"], f"{key}_blocks_peak_bytes_count": r["count"],
+                        f"{key}_step_peak_bytes": r["step_peak"], f"{key}_step_time_s": r["time"],
+                        f"{key}_time_ratio": r["time"] / ref["time"], f"{key}_max_rel_diff": r["rel"]})
+    shown = policies[-1]
+    r = runs[shown]
+    rel = max(x["rel"] for x in runs.values())
+    absd = max(x["abs"] for x in runs.values())
+    mem = {"params": int(common.mpi_reduce(comm, sum(p.data.nbytes for p in r["model"].parameters()))),
+           "grads": int(common.mpi_reduce(comm, sum(p.grad.nbytes for p in r["model"].parameters()
+                                                    if p.grad is not None))),
+           "optimizer": int(common.mpi_reduce(comm, r["opt"].state_bytes())), "activations_peak": r["step_peak"]}
+    report = harness.new_report(
+        "08_activation_recompute", args, parallel={"tp": tp, "dp": 1, "pp": 1, "recompute": shown, "k": k},
+        match=bool(ok), max_rel_diff=rel, max_abs_diff=absd, tolerance=TOLERANCE,
+        losses={"reference": ref["losses"], "parallel": r["losses"]},
+        comm={"bytes_sent": {"all_reduce": r["sent"]}, "expected_bytes": {"all_reduce": r["sent_want"]}} if tp > 1
+        else None, memory=mem, step_time_s=r["time"], figures=figures)
+    say("\nthe verdict needs: every policy's losses, raw gradients and weights equal to none's (1e-12), every\n"
+        "measured peak equal to this engine's count" + (", bytes equal to expected_bytes" if tp > 1 else ""))
+    return harness.finish(report, args)
+
+
+def layer_list(text):
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise harness.argparse.ArgumentTypeError(f"expected layer counts such as 4,9,16, got {text!r}")
+    if not out or min(out) < 1:
+        raise harness.argparse.ArgumentTypeError(f"expected layer counts of at least 1, got {text!r}")
+    return out
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
+    common.add_model_flags(p, n_layer=4, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.1)
+    p.add_argument("--policy", choices=("all",) + recompute.POLICIES[1:], default="all",
+                   help="the policy compared with none (default: all of them)")
+    p.add_argument("--k", type=harness.positive_int, help="blocks per checkpoint for every-k (default round(sqrt(L)))")
+    p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size)")
+    p.add_argument("--sweep", type=layer_list, default=[4, 9, 16], help="layer counts of the sweep (default 4,9,16)")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5, help="clip the global gradient norm (0: off)")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
