@@ -191,3 +191,20 @@ def test_planted_04_bugs_fail_and_the_stubs_are_todo(tmp_path):
     assert [r["verdict"] for r in rows] == ["TODO"] * 3, rows
     run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
     assert_rows(proc, run, ALL_04, timeout, deadlock=True)
+
+
+ALL_08 = {
+    "08_good_student.py": {"8.1": None, "8.2": None},
+    "08_no_replay.py": {"8.2": "differs from the run without recomputation"},
+    "08_saves_anyway.py": {"8.1": "bytes of activations while its output is alive"},
+    "08_counter_moved.py": {"8.2": "put the counters back after the rerun"},
+}
+
+
+def test_planted_08_bugs_fail_and_the_stubs_are_todo(tmp_path):
+    """Serial checks, graded under mpirun -n 1 as a class would run them."""
+    stubs = ROOT / "lessons" / "exercises" / "08_activation_recompute.py"
+    proc, run = grade(1, [stubs] + [PLANTED / f for f in ALL_08], "08", 30, tmp_path)
+    assert [r["verdict"] for r in run["results"] if r["file"] == str(stubs)] == ["TODO"] * 2, run["results"]
+    run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
+    assert_rows(proc, run, ALL_08, 30, deadlock=False)
