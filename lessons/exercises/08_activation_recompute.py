@@ -1,0 +1,46 @@
+"""Exercise 08: activation recomputation, the two halves of a checkpoint.
+
+minidist.checkpoint(fn, *inputs) is one node of the graph in place of fn's whole graph.
+Its forward runs fn keeping nothing inside it; its backward runs fn again, recording,
+and backpropagates through the graph it just rebuilt. The package's versions live in
+minidist/recompute.py under the same names; its Checkpoint Function calls them (the
+node itself saves the Tensor inputs' arrays, and hands you Tensors holding them again
+in backward). Replace each `raise` with your code, then grade your file:
+
+    python -m minidist.grade lessons/exercises/08_activation_recompute.py
+
+The grader checks, on a GPT block in float64 with dropout: that your forward's output
+equals the block's and keeps nothing for backward (the meter, minidist.tensor.MEMORY,
+reads the same before and after); that your backward's gradients (of the input and of
+every parameter) equal the block's without recomputation exactly; that the dropout
+masks of the rerun are the forward's; and that every DropoutRNG counter is back where
+it was when your backward returns.
+"""
+from minidist.recompute import dropout_counters  # noqa: F401  (given: [(rng, calls)] for the inputs' DropoutRNGs)
+from minidist.tensor import Tensor, no_grad  # noqa: F401  (you will want them)
+
+
+def checkpoint_forward(fn, inputs):
+    """Run fn(*inputs) without recording a graph. Returns (output Tensor, counters).
+
+    inputs: a list of Tensors and other values (a DropoutRNG, ...). counters: the
+    dropout counters of the inputs (dropout_counters(inputs)), taken BEFORE fn runs:
+    fn's dropout layers advance them, and the backward must replay the same masks.
+    Under no_grad() the ops keep nothing for backward.
+    """
+    raise NotImplementedError("exercise 8.1: checkpoint_forward")
+
+
+def checkpoint_backward(fn, inputs, counters, grad):
+    """Rebuild fn's graph and backpropagate grad through it. Returns one gradient per input.
+
+    inputs: Tensors holding the forward's input arrays (no graph behind them) and the
+    other values as they were; counters: what checkpoint_forward returned; grad: the
+    gradient of fn's output (any shape: a pipeline stage passes a non-scalar one).
+        1. note each rng's counter now, then set rng.calls back to the forward's start;
+        2. make fresh leaves, Tensor(x.data, requires_grad=x.requires_grad), for the Tensors;
+        3. out = fn(*leaves), recording (gradients on); put the counters back as noted;
+        4. out.backward(grad): the parameters fn uses get their .grad here;
+        5. return [leaf.grad for a Tensor input, None for any other input].
+    """
+    raise NotImplementedError("exercise 8.2: checkpoint_backward")
