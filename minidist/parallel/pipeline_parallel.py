@@ -76,6 +76,12 @@ class PipelineGPT(Module):
     Every rank builds the whole GPT from the seed (same weights everywhere) and keeps
     the blocks of its virtual stages, the embeddings if it holds stage 0, ln_f and the
     tied head if it holds the last one.
+
+    `full` may be the single-process GPT or a model already cut another way, such as
+    tensor parallelism's (3D parallelism: TP inside each stage). A model with its own
+    `embed(idx, rng)` and `head(x, targets)` lends them to the first and last stage,
+    collectives included; the blocks are called as they are, on the whole (B, T, C)
+    activation that travels between stages.
     """
 
     def __init__(self, full, p, rank, v=1):
@@ -87,20 +93,29 @@ class PipelineGPT(Module):
         tr = full.transformer
         mods = {"h": ModuleDict(**{str(i): tr.h[i] for s in self.stages for i in range(*self.ranges[s])})}
         if self.first:
-            mods.update(wte=tr.wte, wpe=tr.wpe, drop=tr.drop)
+            mods.update(wte=tr.wte, wpe=tr.wpe)
+            if hasattr(tr, "drop"):
+                mods.update(drop=tr.drop)
         if self.last:
             mods.update(wte=tr.wte, ln_f=tr.ln_f)   # the head: wte's copy on the last stage
         self.transformer = ModuleDict(**mods)
+        # bound methods, not Modules: the whole model's parameters stay out of this stage's
+        self._ends = (getattr(full, "embed", None), getattr(full, "head", None))
 
     def forward_chunk(self, c, x, targets, rng):
         """Virtual stage c*p + rank on one micro-batch: idx or activations in; activations or the loss out."""
         s, tr = self.stages[c], self.transformer
         lo, hi = self.ranges[s]
-        if s == 0:
+        embed, head = self._ends
+        if s == 0 and embed is not None:
+            x = embed(xp.asarray(x), rng)                                       # (B, T, C)
+        elif s == 0:
             B, T = x.shape
             x = tr.drop(tr.wte(xp.asarray(x)) + tr.wpe(xp.arange(T)), rng)   # (B, T, C)
         for i in range(lo, hi):
             x = tr.h[str(i)](x, rng)
+        if s == self.p * self.v - 1 and head is not None:
+            return head(x, xp.asarray(targets))[1]
         if s == self.p * self.v - 1:
             logits = tr.ln_f(x) @ tr.wte.weight.T                               # (B, T, vocab)
             return cross_entropy(logits, xp.asarray(targets))

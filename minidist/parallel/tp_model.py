@@ -114,7 +114,7 @@ class ParallelAttention(Module):
         self.t, self.rank = comm.Get_size(), comm.Get_rank()
         self.recompute_core = False                                    # selective recomputation
 
-    def forward(self, x, rng, seq, cache=None):
+    def forward(self, x, rng, seq=None, cache=None):
         sp = seq is not None                                           # seq: (T, lo, hi) under SP
         qkv = self.c_attn(x, sp)                                       # (B, T, 3C/t)
         B, T, C3 = qkv.shape
@@ -140,7 +140,7 @@ class ParallelMLP(Module):
         self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
         self.p = full.dropout.p
 
-    def forward(self, x, rng, seq):
+    def forward(self, x, rng, seq=None):
         sp = seq is not None
         h = ops.gelu(self.c_fc(x, sp))                                 # (B, T, 4C/t), local GELU
         return sequence_dropout(self.c_proj(h, sp), self.p if self.training else 0.0, rng, seq)
@@ -153,7 +153,7 @@ class ParallelBlock(Module):
         self.ln_2 = full.ln_2
         self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm)
 
-    def forward(self, x, rng, seq, cache=None):
+    def forward(self, x, rng, seq=None, cache=None):
         x = x + self.attn(self.ln_1(x), rng, seq, cache)
         x = x + self.mlp(self.ln_2(x), rng, seq)
         return x
@@ -233,11 +233,27 @@ class TensorParallelGPT(Module):
             pos = tr.wpe(xp.arange(first, first + T))         # (T, C)
         x = sequence_dropout(tok + pos, self.dropout if self.training else 0.0, rng, seq)
         x = recompute.run_blocks(self.recompute, tr.h, x, rng, seq, caches=None if cache is None else cache.layers)
-        x = enter_region(tr.ln_f(x), comm, sp)                # (B, T, C): f, or the all-gather
+        return self.head(x, targets, sp)
+
+    # The two ends on their own, for a pipeline stage (pipeline_parallel.PipelineGPT): the
+    # first stage embeds, the last one ends in the loss, both with their collectives.
+    def embed(self, idx, rng):
+        """Token + position embeddings and their dropout, without sequence parallelism:
+        (B, T) ids -> (B, T, C), whole on every rank (g sums the vocabulary ranges' lookups)."""
+        tr, T = self.transformer, idx.shape[1]
+        tok = leave_region(tr.wte(xp.asarray(idx)), self.comm, False)   # (B, T, C)
+        x = tok + tr.wpe(xp.arange(T))
+        # wpe's flag: a stage's train()/eval() reaches the modules it holds, not this model
+        return sequence_dropout(x, self.dropout if tr.wpe.training else 0.0, rng, None)
+
+    def head(self, x, targets=None, sp=False):
+        """ln_f, the tied head on my vocabulary columns, the loss: (logits (B, T, V/t), loss)."""
+        tr = self.transformer
+        x = enter_region(tr.ln_f(x), self.comm, sp)         # (B, T, C): f, or the all-gather
         logits = x @ tr.wte.weight.T                          # (B, T, V/t): my vocabulary
         loss = None
         if targets is not None:
-            loss = vocab_parallel_cross_entropy(logits, targets, self.lo, self.config.vocab_size, comm)
+            loss = vocab_parallel_cross_entropy(logits, targets, self.lo, self.config.vocab_size, self.comm)
         return logits, loss
 
     def new_cache(self):
