@@ -42,7 +42,7 @@ def _bounds(n, size):
     return chunk_bounds(n, size)
 
 
-def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, recomputed_layers=0):
+def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, recomputed_layers=0, stage=None):
     """{collective: (calls, bytes)} this rank sends in one training step.
 
     Per micro-batch of `batch` sequences of T tokens (h = n_embd, L layers):
@@ -58,11 +58,18 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, re
     recomputation, minidist/recompute.py: L for full and every-k, 0 for selective, whose
     attention core has no collective): each repeats its 2 forward g's (under SP its 2
     reduce-scatters and 2 all-gathers) per micro-batch.
+    stage: the pipeline stage this rank runs (pipeline_parallel.PipelineGPT over this
+    model, 3D parallelism): only its layers communicate, the embedding's g on the first
+    stage, the head's f and the loss's 3 on the last; only its parameters are averaged.
     """
     cfg, t, r = model.config, model.tp, model.tp_rank
     item = np.dtype(cfg.dtype).itemsize
     L, C, k = cfg.n_layer, cfg.n_embd, micro_batches
-    n_big = 4 * L + 2 + 2 * recomputed_layers
+    first, last, params = True, True, model.parameters()
+    if stage is not None:
+        L = sum(hi - lo for lo, hi in (stage.ranges[s] for s in stage.stages))
+        first, last, params = stage.first, stage.last, stage.parameters()
+    n_big = 4 * L + first + last + 2 * recomputed_layers
     out = {"all_reduce": [0, 0], "all_gather": [0, 0], "reduce_scatter": [0, 0]}
 
     def add(name, calls, elements, itemsize=item):
@@ -76,14 +83,22 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, re
         add("all_reduce", 1, ring_all_reduce_sent(n_rep, t, r))
     else:
         add("all_reduce", k * n_big, k * n_big * ring_all_reduce_sent(batch * T * C, t, r))
-    add("all_reduce", 3 * k, 3 * k * ring_all_reduce_sent(batch * T, t, r))
+    if last:
+        add("all_reduce", 3 * k, 3 * k * ring_all_reduce_sent(batch * T, t, r))
     if clip:
         add("all_reduce", 1, ring_all_reduce_sent(1, t, r), itemsize=8)
     if dp_comm is not None and dp_comm.Get_size() > 1:
-        for p in model.parameters():
-            add("all_reduce", 1, ring_all_reduce_sent(p.size, dp_comm.Get_size(), dp_comm.Get_rank()),
-                itemsize=p.data.itemsize)
+        calls, sent = dp_all_reduce_bytes(params, dp_comm)
+        out["all_reduce"][0] += calls
+        out["all_reduce"][1] += sent
     return {name: tuple(v) for name, v in out.items() if v[0]}
+
+
+def dp_all_reduce_bytes(params, dp_comm):
+    """(calls, bytes) this rank sends averaging `params`' gradients over the replicas of
+    dp_comm as NaiveDataParallel does: one ring all-reduce per parameter."""
+    n, r = dp_comm.Get_size(), dp_comm.Get_rank()
+    return len(params), sum(ring_all_reduce_sent(p.size, n, r) * p.data.itemsize for p in params)
 
 def generation_bytes(model, batch, positions):
     """{"all_reduce": (calls, bytes)} this rank sends for one step of generation that feeds
