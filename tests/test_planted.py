@@ -208,3 +208,23 @@ def test_planted_08_bugs_fail_and_the_stubs_are_todo(tmp_path):
     assert [r["verdict"] for r in run["results"] if r["file"] == str(stubs)] == ["TODO"] * 2, run["results"]
     run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
     assert_rows(proc, run, ALL_08, 30, deadlock=False)
+
+
+ALL_05 = {
+    "05_good_student.py": {"5.1": None, "5.2": None},
+    "05_partition_off_by_one.py": {"5.1": "numpy.array_split gives the first"},
+    "05_no_average.py": {"5.2": "divide by N = comm.Get_size()"},
+    "05_average_twice.py": {"5.2": "divided twice?"},
+    "05_full_all_reduce.py": {"5.2": "that is a full all-reduce"},
+}
+ALL_06 = {"06_good_student.py": {"6.1": None, "6.2": None},
+          "06_never_frees.py": {"6.1": None, "6.2": "still holds"}}
+
+
+@pytest.mark.parametrize("exercise, files", [("05", ALL_05), ("06", ALL_06)])
+def test_planted_05_06_zero_bugs_fail_at_4_ranks(tmp_path, exercise, files):
+    """Uneven partition bounds, averaging twice or not at all, an all-reduce where a
+    reduce-scatter belongs (right values, twice the bytes), a unit never freed: each FAILs
+    in words, at once; a student's own correct file PASSes."""
+    proc, run = grade(4, [PLANTED / f for f in files], exercise, 10, tmp_path)
+    assert_rows(proc, run, files, 10, deadlock=False)
