@@ -1,0 +1,190 @@
+"""3D parallelism: tensor parallelism inside each pipeline stage, the pipeline across
+stages, data parallelism (or ZeRO stage 1) across replicas, all on one ProcessGrid.
+
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2
+
+Nothing here is a new strategy: each piece is the earlier lessons' own object, wrapped
+one inside the next (Narayanan et al. 2021, arXiv 2104.04473, Megatron-LM's PTD-P).
+    TensorParallelGPT(full, grid.tp_comm)          the whole GPT, each matrix cut t ways
+    PipelineGPT(that, pp, grid.pp_rank, v)         keep this stage's blocks (and ends)
+    PipelineParallel(stage, grid.pp_comm, ...)     run the schedule; sum the tied wte
+    NaiveDataParallel / ZeRO(stage, ..., dp_comm)  average (or reduce-scatter) over replicas
+
+Who talks to whom, per step and rank (b micro-batch rows, s = T, h = n_embd, m
+micro-batches, L_r this stage's layers):
+    tp group: (4 L_r + [first] + [last]) m all-reduces of b s h, 3 m of b s on the last stage
+    pp group: b s h per micro-batch per boundary each way (point-to-point, same tp_rank),
+              one all-reduce of wte's shard between the first and last stage
+    dp group: one all-reduce of this rank's gradients (plain), or a reduce-scatter
+              plus an all-gather of them (ZeRO-1): 1/(t p) of the model each
+The activation that crosses a stage boundary is the TP-replicated (b, s, h) residual
+stream: every tp rank of a stage holds it whole, so each sends it to the rank with the
+same tp_rank on the next stage, and the pipeline never knows tensor parallelism is there.
+
+Clipping needs the norm of the whole model's gradient, which no rank holds. Each element
+is counted once: a TP shard by its rank; a parameter replicated over the tp group (layer
+norms, wpe, row-parallel biases) by tp_rank 0 only; the tied wte by the first stage only
+(the last stage's copy is the same gradient after the sum); under ZeRO, each rank's
+partition of those. The squares are summed over dp (ZeRO only: plain replicas hold equal
+copies), then tp, then pp.
+"""
+import contextlib
+
+import numpy as np
+
+from minidist.backend import xp
+from minidist.comm import all_reduce, stats
+from minidist.parallel.data_parallel import NaiveDataParallel
+from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
+from minidist.parallel.tp_formulas import dp_all_reduce_bytes, expected_bytes, ring_all_reduce_sent
+from minidist.parallel.tp_model import TensorParallelGPT, shard
+
+GROUPS = ("tp", "pp", "dp", "clip")
+
+
+def build_stage(full, grid, v=1):
+    """(stage model, tensor-parallel model): the whole GPT cut t ways, then this stage kept."""
+    tp_model = TensorParallelGPT(full, grid.tp_comm)
+    return PipelineGPT(tp_model, grid.pp, grid.pp_rank, v), tp_model
+
+
+def counted_once(stage, tp_model, tp_rank):
+    """ids of the parameters whose gradient this rank adds to the global norm (see above)."""
+    tied = id(stage.transformer.wte.weight) if stage.last and not stage.first else None
+    return {id(p) for n, p in stage.named_parameters()
+            if id(p) != tied and (n in tp_model.specs or tp_rank == 0)}
+
+
+class Parallel3D:
+    """train_step's optimizer and dp slot at once (as ZeRO is): the composed step.
+
+    forward_backward runs the pipeline schedule (TP's collectives happen inside each
+    stage's forward and backward); sync sums the tied embedding between the first and
+    last stage, then averages over the replicas (or reduce-scatters, ZeRO-1); the norm
+    counts every element once; step runs AdamW (or ZeRO's, with its all-gather).
+    `traffic` holds what this rank sent in the last step, by group and collective.
+    """
+
+    def __init__(self, stage, tp_model, grid, schedule, m, opt, zero=None):
+        self.stage, self.tp_model, self.grid, self.m = stage, tp_model, grid, m
+        self.pipe = PipelineParallel(stage, grid.pp_comm, schedule, m, dp=None)
+        self.zero = zero                           # a ZeRO(stage, opt, grid.dp_comm, 1), or None
+        self.opt = zero if zero is not None else opt
+        self.data = NaiveDataParallel(stage, grid.dp_comm) if zero is None and grid.dp > 1 else None
+        self.counted = counted_once(stage, tp_model, grid.tp_rank)
+        self.param_groups = self.opt.param_groups
+        self.traffic = {g: {} for g in GROUPS}
+
+    @contextlib.contextmanager
+    def _measured(self, group, elsewhere=None):
+        """Add what this rank sends inside the block to `group` (`elsewhere`: {collective:
+        group} for those that belong to another); check headers are counted apart."""
+        with stats.measure() as m:
+            yield
+        for name, row in m.items():
+            if name not in ("check", "recv") and row["bytes_sent"]:
+                t = self.traffic[(elsewhere or {}).get(name, group)]
+                t[name] = t.get(name, 0) + row["bytes_sent"]
+
+    # -- the optimizer's face
+    def zero_grad(self):
+        self.traffic = {g: {} for g in GROUPS}
+        self.opt.zero_grad()
+
+    def set_lr(self, lr):
+        self.opt.set_lr(lr)
+
+    def step(self):
+        with self._measured("dp"):                 # ZeRO-1's all-gather of the updated weights
+            self.opt.step()
+
+    def state_bytes(self):
+        return self.opt.state_bytes()
+
+    # -- train_step's dp slot
+    def forward_backward(self, model, batches, scale):
+        # every all-reduce inside a stage's forward and backward is TP's; the pipeline
+        # sends activations and gradients point-to-point and broadcasts the loss
+        with self._measured("tp", elsewhere={"send": "pp", "broadcast": "pp"}):
+            return self.pipe.forward_backward(model, batches, scale)
+
+    def backward_context(self, last):
+        raise RuntimeError("3D parallelism runs its own backwards: train_step calls forward_backward")
+
+    def sync(self):
+        with self._measured("pp"):                 # wte's two copies: first and last stage
+            self.pipe.sync()
+        with self._measured("dp"):
+            if self.zero is not None:
+                self.zero.sync()
+            elif self.data is not None:
+                self.data.sync()
+
+    def named_grads(self):
+        return self.zero.named_grads() if self.zero is not None else self.stage.named_parameters()
+
+    def named_weights(self):
+        return self.zero.named_weights() if self.zero is not None else self.stage.named_parameters()
+
+    def grad_norm_sq(self, held):
+        """The whole model's squared gradient norm, each element once (see the docstring)."""
+        if self.zero is not None:
+            owner = {id(q): p for g in self.zero.groups for q, p in zip(g.pieces, g.owner)}
+            mine = [q for q in held if id(owner[id(q)]) in self.counted]
+            sq = self.zero.grad_norm_sq(mine)      # my partitions, summed over dp
+        else:
+            sq = sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in held
+                     if p.grad is not None and id(p) in self.counted)
+        with self._measured("clip"):
+            for comm in (self.grid.tp_comm, self.grid.pp_comm):
+                if comm.Get_size() > 1:
+                    sq = float(all_reduce(comm, np.array([sq]))[0])
+        return sq
+
+
+def expected_traffic(slot, rows, T):
+    """{group: {collective: bytes}} this rank sends in one step, by the earlier lessons'
+    formulas: tp_formulas for TP (this stage's layers and ends), pipeline_parallel for the
+    point-to-point bytes, the ring's count for wte's sum, the DP all-reduce or ZeRO's."""
+    from minidist.parallel.zero import expected_sent
+    stage, tpm, grid, m = slot.stage, slot.tp_model, slot.grid, slot.m
+    item = np.dtype(stage.config.dtype).itemsize
+    b = rows // m
+    out = {g: {} for g in GROUPS}
+    out["tp"] = {k: v[1] for k, v in expected_bytes(tpm, b, T, m, clip=False, stage=stage).items()}
+    if grid.pp > 1:
+        out["pp"]["send"] = expected_p2p_bytes(stage, [b] * m, item)
+        if stage.last:                         # the loss, one float64 to every other stage
+            out["pp"]["broadcast"] = 8 * (grid.pp - 1)
+        if stage.first or stage.last:
+            out["pp"]["all_reduce"] = ring_all_reduce_sent(stage.transformer.wte.weight.size, 2,
+                                                           int(stage.last)) * item
+    if slot.zero is not None:
+        out["dp"] = expected_sent(slot.zero, m)
+    elif grid.dp > 1:
+        out["dp"]["all_reduce"] = dp_all_reduce_bytes(stage.parameters(), grid.dp_comm)[1]
+    clip = sum(ring_all_reduce_sent(1, c.Get_size(), c.Get_rank()) * 8
+               for c in (grid.tp_comm, grid.pp_comm) if c.Get_size() > 1)
+    if clip:
+        out["clip"]["all_reduce"] = clip
+    return {g: {k: v for k, v in d.items() if v} for g, d in out.items()}
+
+
+def reference_value(key, ref_state, tp_model):
+    """The single-process run's value for one of this rank's keys: "grad:NAME@stepS",
+    "weight:NAME" or, under ZeRO, "grad:NAME[a:b]@stepS": the reference's whole tensor cut
+    to my TP shard (padding included), then to elements a:b of it."""
+    kind, rest = key.split(":", 1)
+    tail = ""
+    if "@step" in rest:
+        rest, step = rest.rsplit("@step", 1)
+        tail = "@step" + step
+    span = None
+    if rest.endswith("]"):
+        rest, span = rest[:-1].split("[")
+    mine = shard(xp.asarray(ref_state[f"{kind}:{rest}{tail}"]), tp_model.specs.get(rest),
+                 tp_model.tp_rank, tp_model.tp)
+    if span is not None:
+        a, b = (int(v) for v in span.split(":"))
+        mine = mine.reshape(-1)[a:b]
+    return np.asarray(mine)
