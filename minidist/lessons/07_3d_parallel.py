@@ -1,0 +1,212 @@
+"""Lesson 07: 3D parallelism. Tensor parallelism inside each pipeline stage, the pipeline
+across stages, data parallelism (or ZeRO-1) across replicas, on one grid of ranks; the
+run must equal one process.
+
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 4
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 4 --pp 2 --schedule gpipe
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --pp 2 --dp 4 --zero 1 --dropout 0.1
+    mpirun -n 4 python -m minidist.lessons.07_3d_parallel --tp 2 --json out.json
+
+The grid is tp fastest, then pp, then dp (minidist/comm/grid.py): on a cluster the TP
+group is one node's GPUs. The lesson prints every rank's role, compares the losses, the
+raw gradients of every step (each rank's shard, or its ZeRO partition of it) and the
+weights with one process, then the bytes each rank sent per step by group beside the
+formulas of lessons 02-05, memory per rank by category, and the pipeline's bubble.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import ProcessGrid
+from minidist.lessons import common, harness
+from minidist.lessons.harness import fmt_bytes, say
+from minidist.model import GPT
+from minidist.parallel import schedules
+from minidist.parallel.parallel_3d import GROUPS, Parallel3D, build_stage, expected_traffic, reference_value
+from minidist.parallel.pipeline_parallel import split_layers
+from minidist.parallel.tensor_parallel import vocab_range
+from minidist.parallel.zero import ZeRO
+from minidist.tensor import MEMORY
+from minidist.train import TrainConfig
+
+
+def check_input(args, cfg, world):
+    """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
+    tp, pp = args.tp, args.pp
+    harness.need(world % (tp * pp) == 0 if args.dp is None else tp * pp * args.dp == world,
+                 f"--tp {tp} x --pp {pp}" + (f" x --dp {args.dp} = {tp * pp * args.dp}" if args.dp else
+                                             f" = {tp * pp} does not divide the {world} ranks") +
+                 ("" if args.dp is None else f" ranks, but the world has {world}") +
+                 f": choose sizes whose product is {world}")
+    dp = args.dp or world // (tp * pp)
+    harness.need(cfg.n_head % tp == 0, f"--tp {tp} must divide the {cfg.n_head} heads (--n-head): "
+                                       f"each tensor-parallel rank takes whole heads")
+    v = args.chunks if args.schedule == "interleaved" else 1
+    harness.need(pp * v <= cfg.n_layer, f"{pp * v} pipeline stages but only {cfg.n_layer} layers: every stage "
+                                        f"needs a layer (--n-layer {pp * v} or more, or a smaller --pp)")
+    if args.micro_batches is None:
+        args.micro_batches = max(1, min(4, args.batch_size // dp))
+    m = args.micro_batches
+    if args.schedule == "interleaved":
+        harness.need(m % pp == 0 and cfg.n_layer % (pp * v) == 0,
+                     f"interleaved 1F1B needs --micro-batches a multiple of {pp} and --n-layer a multiple of {pp * v}")
+    harness.need(args.batch_size % (dp * m) == 0,
+                 f"--batch-size {args.batch_size} must split into {dp} replica(s) x {m} micro-batches of equal size")
+    return tp, pp, dp, v, m
+
+
+def role_table(grid, cfg, v, slot):
+    """rank -> coordinates, the layers of its stage, its shards (and its ZeRO partition)."""
+    ranges = split_layers(cfg.n_layer, grid.pp * v)
+    part = np.array([slot.zero.groups[0].lo, slot.zero.groups[0].hi, slot.zero.groups[0].n]
+                    if slot.zero is not None else [0, 0, 0], dtype=np.int64)
+    parts = np.empty((grid.size, 3), dtype=np.int64)
+    grid.world.Allgather(part, parts)          # the report's own message, outside the counters
+    nh, hid = cfg.n_head // grid.tp, 4 * cfg.n_embd // grid.tp
+    rows = []
+    for r in range(grid.size):
+        d, p, t = grid.coords(r)
+        stages = [schedules.stage_of(p, c, grid.pp) for c in range(v)]
+        layers = ", ".join(f"{ranges[s][0]}-{ranges[s][1] - 1}" if ranges[s][1] - ranges[s][0] > 1
+                           else f"{ranges[s][0]}" for s in stages)
+        ends = (["wte, wpe"] if 0 in stages else []) + (["ln_f, head"] if grid.pp * v - 1 in stages else [])
+        lo, hi = vocab_range(cfg.vocab_size, grid.tp, t)
+        shards = f"heads {t * nh}-{(t + 1) * nh - 1}, MLP cols {t * hid}-{(t + 1) * hid - 1}"
+        if ends:
+            shards += f", vocab {lo}-{hi - 1}"
+        if slot.zero is not None:
+            shards += f"; ZeRO-1 {parts[r, 0]}:{parts[r, 1]} of {parts[r, 2]}"
+        rows.append([r, d, p, t, layers + (" + " + ", ".join(ends) if ends else ""), shards])
+    harness.table(rows, header=["rank", "dp", "pp", "tp", "layers", "shards"])
+
+
+def main(args):
+    comm = MPI.COMM_WORLD
+    world = comm.Get_size()
+    cfg = common.config_from_args(args, world)
+    tp, pp, dp, v, m = check_input(args, cfg, world)
+    data = common.load_dataset(args, comm)
+    grid = ProcessGrid(tp=tp, pp=pp, dp=dp)
+    per_dp = args.batch_size // dp
+    say(f"Lesson 07: 3D parallelism, tp={tp} x pp={pp} x dp={dp} on {world} ranks, schedule {args.schedule}"
+        f" with m={m} micro-batches" + (", ZeRO-1 over dp" if args.zero else ", plain averaging over dp") + "\n")
+    say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
+        f"dropout={cfg.dropout} {cfg.dtype}")
+    say(f"batch   global {args.batch_size} = {dp} replica(s) x {m} micro-batches of b={per_dp // m}")
+    say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}\n")
+
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    stage, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, v)
+    opt = stage.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
+    slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
+    say("who holds what (tp varies fastest: a TP group is neighbouring ranks, one node's GPUs)")
+    role_table(grid, cfg, v, slot)
+
+    rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
+    MEMORY.reset_peak()
+    losses, state, times = common.train_and_collect(stage, slot, data, args, tc, rows, m, slot)
+    act_peak = MEMORY.peak_bytes
+    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / dp)
+
+    # --- the reference: one process; each rank compares what it holds, cut as it holds it
+    ref = GPT(cfg, seed=args.seed)
+    ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
+    mine = {k: reference_value(k, ref_state, tp_model) for k in state}
+    state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
+    rel, abs_diff, _ = harness.compare(state, mine)
+    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    names = sorted(n for n, _ in ref.named_parameters())
+    held = {n for n, _ in stage.named_parameters()}
+    covered = bool(np.all(common.mpi_reduce(comm, [float(n in held) for n in names])))
+    tol = harness.TOLERANCE[cfg.dtype]
+
+    say(f"\nwhat was compared, one process against tp={tp} x pp={pp} x dp={dp} (each rank against the "
+        f"reference cut to its own shard" + (", then to its ZeRO partition" if zero else "") + "):")
+    for line in common.COMPARED:
+        say(f"  - {line}")
+    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
+                  header=["step", "loss 1 process", f"loss {world} ranks"])
+    for kind, r, _, _ in common.compare_by_kind(state, mine):
+        r = common.mpi_reduce(comm, r)
+        say(f"  {kind:<13} max_rel_diff {r:.1e}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    say(f"  every parameter of the model is held by some rank: {'yes' if covered else 'NO'}")
+
+    # --- bytes per rank per step, by group: measured (last step) beside the formulas
+    want = expected_traffic(slot, per_dp, cfg.block_size)
+    flat = lambda d: [d[g].get(c, 0) for g in GROUPS for c in ("all_reduce", "send", "broadcast",   # noqa: E731
+                                                              "reduce_scatter", "all_gather")]
+    got_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(slot.traffic)])
+    want_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(want)])
+    got_all, want_all = np.reshape(got_all, (world, len(GROUPS), 5)), np.reshape(want_all, (world, len(GROUPS), 5))
+    say("\nbytes each rank sent in one step, by group: measured / formula (tp_formulas.expected_bytes with the\n"
+        "stage's layers; b*s*h per micro-batch per boundary and the ring's count of wte's sum; the ring's\n"
+        "per-parameter all-reduce (lesson 02) or ZeRO's reduce-scatter + all-gather (lesson 05))")
+    cell = lambda a, b: "-" if a == b == 0 else f"{int(a):,}" + (" =" if a == b else f" != {int(b):,}")   # noqa: E731
+    harness.table([[r] + [cell(got_all[r, i].sum(), want_all[r, i].sum()) for i in range(len(GROUPS))]
+                   for r in range(world)],
+                  header=["rank", "tp all-reduces", "pp sends + wte + loss", "dp " + ("rs + ag" if zero else "all-reduce"),
+                          "clip norm"])
+    bytes_ok = bool(np.array_equal(got_all, want_all))
+    bsh = per_dp // m * cfg.block_size * cfg.n_embd
+    say(f"  TP sends (4 L_r + ends) m all-reduces of b*s*h = {bsh:,} values: the most, and every layer waits on them;"
+        f"\n  PP sends b*s*h per micro-batch per boundary; DP sends about 2x this rank's gradient once per step")
+
+    # --- memory per rank by category (measured from the arrays after the last step)
+    mem_rows = [sum(p.data.nbytes for p in stage.parameters()),
+                zero.held_grad_bytes if zero else sum(p.grad.nbytes for p in stage.parameters() if p.grad is not None),
+                slot.state_bytes(), act_peak]
+    mem = np.reshape(common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in mem_rows]),
+                     (world, 4))
+    say("\nmemory per rank (bytes held after the step; activations: the peak saved for backward)")
+    harness.table([[r] + [fmt_bytes(int(x)) for x in mem[r]] for r in range(world)],
+                  header=["rank", "params", "grads", "optimizer", "activations peak"])
+
+    # --- the bubble of the schedule across the pp stages
+    sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
+    bubble_formula = schedules.formula(args.schedule, pp, m, v)
+    say(f"\nthe bubble: simulated {float(sim.bubble):.4f}, formula {float(bubble_formula):.4f} "
+        f"({args.schedule}, p={pp}, m={m}" + (f", v={v}" if v > 1 else "") + ")")
+
+    step_time = common.mpi_reduce(comm, float(np.median(times)))
+    say(f"training step: median {step_time * 1e3:.1f} ms (slowest rank)")
+    match = bool(rel <= tol) and covered and bytes_ok
+    figures = {"bubble_simulated": float(sim.bubble), "bubble_formula": float(bubble_formula)}
+    for i, g in enumerate(GROUPS):
+        figures[f"bytes_{g}_measured_max"] = int(got_all[:, i].sum(axis=1).max())
+        figures[f"bytes_{g}_formula_max"] = int(want_all[:, i].sum(axis=1).max())
+    report = harness.new_report(
+        "07_3d_parallel", args, parallel={"tp": tp, "pp": pp, "dp": dp, "zero": args.zero, "schedule": args.schedule,
+                                          "micro_batches": m, "chunks": v},
+        match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
+        losses={"reference": ref_losses, "parallel": losses},
+        comm={"bytes_sent": {g: figures[f"bytes_{g}_measured_max"] for g in GROUPS},
+              "expected_bytes": {g: figures[f"bytes_{g}_formula_max"] for g in GROUPS}},
+        memory=dict(zip(("params", "grads", "optimizer", "activations_peak"), (int(x) for x in mem.max(axis=0)))),
+        step_time_s=step_time, figures=figures)
+    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on some rank;"
+        "\nthe bytes of every group equal to the formula")
+    return harness.finish(report, args)
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=3, dtype="float64")
+    common.add_model_flags(p, n_layer=4, n_head=4, n_embd=32, block_size=16, batch_size=8)
+    p.add_argument("--tp", type=harness.positive_int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--pp", type=harness.positive_int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--dp", type=harness.positive_int, help="data-parallel replicas (default: the rest of the world)")
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: ZeRO stage 1 over the dp group")
+    p.add_argument("--schedule", choices=schedules.NAMES, default="1f1b")
+    p.add_argument("--micro-batches", type=harness.positive_int, metavar="M",
+                   help="micro-batches per step and replica (default: up to 4)")
+    p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
+                   help="model chunks per rank for --schedule interleaved (default %(default)s)")
+    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
+    p.add_argument("--grad-clip", type=harness.positive_float, default=0.5, help="clip the global gradient norm")
+    return p
+
+
+if __name__ == "__main__":
+    harness.run(main, build_parser())
