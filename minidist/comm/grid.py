@@ -56,7 +56,7 @@ class ProcessGrid:
 
     def coords(self, rank):
         """(dp_rank, pp_rank, tp_rank) of a world rank."""
-        return rank // (self.pp * self.tp), (rank // self.tp) % self.pp, rank % self.tp
+        return grid_coords(rank, self.tp, self.pp, self.dp)
 
     def rank_of(self, dp_rank, pp_rank, tp_rank):
         """The world rank at these coordinates."""
@@ -64,16 +64,13 @@ class ProcessGrid:
 
     def tp_group(self, rank=None):
         """The world ranks in the tensor-parallel group of `rank` (default: mine)."""
-        d, p, _ = self.coords(self.rank if rank is None else rank)
-        return [self.rank_of(d, p, t) for t in range(self.tp)]
+        return grid_group(self.rank if rank is None else rank, "tp", self.tp, self.pp, self.dp)
 
     def pp_group(self, rank=None):
-        d, _, t = self.coords(self.rank if rank is None else rank)
-        return [self.rank_of(d, p, t) for p in range(self.pp)]
+        return grid_group(self.rank if rank is None else rank, "pp", self.tp, self.pp, self.dp)
 
     def dp_group(self, rank=None):
-        _, p, t = self.coords(self.rank if rank is None else rank)
-        return [self.rank_of(d, p, t) for d in range(self.dp)]
+        return grid_group(self.rank if rank is None else rank, "dp", self.tp, self.pp, self.dp)
 
     @property
     def is_first_stage(self):
@@ -109,6 +106,26 @@ class ProcessGrid:
             if n == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
         return "\n".join(lines)
+
+
+def grid_coords(rank, tp, pp, dp):
+    """(dp_rank, pp_rank, tp_rank) of `rank` on a tp x pp x dp grid, tp varying fastest:
+    rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank. (Exercise 7.1.)"""
+    return rank // (pp * tp), (rank // tp) % pp, rank % tp
+
+
+def grid_group(rank, kind, tp, pp, dp):
+    """The world ranks of `rank`'s `kind` group ("tp", "pp" or "dp"), in that group's rank
+    order: every coordinate but `kind`'s fixed to `rank`'s. (Exercise 7.2.)"""
+    d, p, t = grid_coords(rank, tp, pp, dp)
+    at = lambda d, p, t: d * pp * tp + p * tp + t      # noqa: E731
+    if kind == "tp":
+        return [at(d, p, i) for i in range(tp)]
+    if kind == "pp":
+        return [at(d, i, t) for i in range(pp)]
+    if kind == "dp":
+        return [at(i, p, t) for i in range(dp)]
+    raise ValueError(f"kind must be 'tp', 'pp' or 'dp', not {kind!r}")
 
 
 def _ranks(group):
