@@ -8,6 +8,7 @@ ranks talk non-blocking on their own duplicate of COMM_WORLD, each announcing it
 the moment its check ends, so one rank's failure stops the others at once; the worst
 outcome wins, and among failures the one that names its own cause, then the earliest.
 """
+import re
 import sys
 import threading
 import time
@@ -29,6 +30,15 @@ GRACE_S = 3.0                 # after a stop: how long a check's thread may take
 DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
             "that cannot wait in a circle: the grader's Send waits for its Recv, as MPI's does for "
             "large messages)")
+
+
+def said(exc):
+    """An exception in one line. MPI's errors come as a stack of internal calls; their last
+    line is the one a student can act on ("Invalid rank has value 3 but must be ... less than 3")."""
+    text = str(exc).strip()
+    if type(exc).__module__.startswith("mpi4py") and text:
+        return "MPI error: " + re.sub(r"^\w+\(\d+\)\.?: ", "", text.splitlines()[-1])
+    return f"{type(exc).__name__}: {text}"
 
 
 def where(exc):
@@ -60,7 +70,7 @@ def start_check(check, fn, session=None):
         except AssertionError as e:
             result["v"] = (S_FAIL, str(e) or "a check failed")
         except Exception as e:  # the student's code raised: show what and where
-            result["v"] = (S_FAIL, f"{type(e).__name__}: {e}{where(e)}")
+            result["v"] = (S_FAIL, f"{said(e)}{where(e)}")
         except BaseException as e:  # Stopped by the grader, or sys.exit() in a student's function
             if stopped and isinstance(e, stopped):
                 result["v"] = (S_STOPPED, "stopped")

@@ -33,6 +33,8 @@ CONCRETE_01 = {
     "01_chunk_off_by_one_irecv.py": {"1.2": "rank 1 received a message longer than its receive buffer"},
     "01_extra_step.py": {"1.2": "one ring step too many"},
     "01_in_place.py": {"1.3": "changed its input"},
+    "01_hard_coded_n.py": {"1.1": "after passing on all 3 ranks: MPI error: Invalid rank"},
+    "01_widens_dtype.py": {"1.3": "got dtype float64, expected float32"},
     "01_raises_on_rank1.py": {"1.2": "rank 1: IndexError: list index out of range (at line 10 of "
                                      "01_raises_on_rank1.py: return lengths[3])"},
 }

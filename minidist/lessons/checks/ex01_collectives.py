@@ -31,6 +31,7 @@ from mpi4py import MPI
 from minidist.comm import collectives
 from minidist.lessons.checks import Exercise, own_session
 from minidist.lessons.checks.counting import Misuse
+from minidist.referee import said, where as where_in_student
 
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"
@@ -66,6 +67,9 @@ def _problem(got, want, what):
     got = np.asarray(got)
     if got.shape != want.shape:
         return f"{what}: got shape {got.shape}, expected {want.shape}"
+    if got.dtype != want.dtype:
+        return (f"{what}: got dtype {got.dtype.name}, expected {want.dtype.name}: return the input's dtype "
+                "(a wider one also sends more bytes than the ring needs)")
     if want.size == 0:
         return None
     if np.issubdtype(want.dtype, np.integer):
@@ -128,6 +132,24 @@ def _unchanged(x, before, name, rank):
     return None if np.array_equal(x, before) else f"rank {rank}: {name} changed its input; return a new array"
 
 
+def _world_then_groups(s, cases):
+    """Run cases(session) on the world, then on groups of another size (ranks 0 .. N-2, and
+    rank N-1 alone): a ring with N written into the code (n = 4) is right at one size only."""
+    cases(s)
+    if s.sub is None:
+        raise AssertionError("this check needs the session's groups (Session(split=True))")
+    g = s.group
+    where = (f"in a communicator of {len(g)} ranks (world ranks {g[0]}..{g[-1]})" if len(g) > 1
+             else f"alone in a communicator of size 1 (world rank {g[0]})")
+    try:
+        cases(s.sub)
+    except Exception as e:        # a Misuse stays a Misuse; MPI's "invalid rank" becomes words
+        kind = type(e) if isinstance(e, AssertionError) else AssertionError
+        text = str(e) if isinstance(e, AssertionError) else f"{said(e)}{where_in_student(e)}"
+        raise kind(f"{where}, after passing on all {s.size()} ranks: {text} (take N from "
+                   "comm.Get_size(), never from a number written in the code)") from None
+
+
 CASES = [((7,), 0), ((1,), 0), ((0,), 0), ((12,), 0), ((5, 3), 0), ((3, 5), 1), ((2, 3, 7), 2), ((4, 2), -1)]
 
 
@@ -137,77 +159,93 @@ def _row_bytes(shape, axis, dtype):
 
 
 def check_ring_reduce_scatter(fn, session=None):
-    with own_session(session) as s:
-        n, r = s.size(), s.rank()
-        cases = [(dtype, shape, axis, op) for dtype in (np.float64, np.float32, np.int64)
-                 for shape, axis in CASES
-                 for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
-        cases.append((np.float64, (BIG * n + 1,), 0, "sum"))     # large: a Send waits for its Recv
-        for dtype, shape, axis, op in cases:
-            xs = _inputs(n, shape, dtype, seed=1)
-            before = xs[r].copy()
-            want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
-            got, comm = _call(s, fn, xs[r], op=op, axis=axis)
-            what = f"x of shape {shape}, {np.dtype(dtype).name}, axis {axis}, op {op!r}"
-            chunks = [len(c) * _row_bytes(shape, axis, dtype)
-                      for c in np.array_split(np.arange(shape[axis]), n)]
-            problem = (_problem(got, want, f"rank {r} got for chunk {r} ({what})")
-                       or _unchanged(xs[r], before, "ring_reduce_scatter", r)
-                       or _bytes_problem(comm, chunks, 1, what))
-            if problem:
-                raise AssertionError(problem)
+    with own_session(session, split=True) as world:
+        _world_then_groups(world, lambda s: _reduce_scatter_cases(fn, s))
+
+
+def _reduce_scatter_cases(fn, s):
+    n, r = s.size(), s.rank()
+    cases = [(dtype, shape, axis, op) for dtype in (np.float64, np.float32, np.int64)
+             for shape, axis in CASES
+             for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
+    cases.append((np.float64, (BIG * n + 1,), 0, "sum"))     # large: a Send waits for its Recv
+    cases.append((np.float32, (BIG * n + 1,), 0, "max"))     # large float32: its bytes, not float64's
+    for dtype, shape, axis, op in cases:
+        xs = _inputs(n, shape, dtype, seed=1)
+        before = xs[r].copy()
+        want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
+        got, comm = _call(s, fn, xs[r], op=op, axis=axis)
+        what = f"x of shape {shape}, {np.dtype(dtype).name}, axis {axis}, op {op!r}"
+        chunks = [len(c) * _row_bytes(shape, axis, dtype)
+                  for c in np.array_split(np.arange(shape[axis]), n)]
+        problem = (_problem(got, want, f"rank {r} got for chunk {r} ({what})")
+                   or _unchanged(xs[r], before, "ring_reduce_scatter", r)
+                   or _bytes_problem(comm, chunks, 1, what))
+        if problem:
+            raise AssertionError(problem)
 
 
 def check_ring_all_gather(fn, session=None):
-    with own_session(session) as s:
-        n, r = s.size(), s.rank()
-        cases = [(dtype, shape, axis) for dtype in (np.float64, np.int32) for shape, axis in CASES]
-        cases.append((np.float64, (BIG,), 0))                     # large pieces: above the eager limit
-        for dtype, shape, axis in cases:
-            whole = _inputs(1, tuple(d * n + 1 for d in shape), dtype, seed=2)[0]
-            index = tuple(slice(None) if i == axis % len(shape) else slice(0, d) for i, d in enumerate(shape))
-            pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
-            before = pieces[r].copy()
-            want = np.concatenate(pieces, axis=axis)
-            got, comm = _call(s, fn, pieces[r], axis=axis)
-            lengths = [p.shape[axis] for p in pieces]
-            what = f"piece lengths {lengths} along axis {axis}, {np.dtype(dtype).name}"
-            chunks = [p.nbytes for p in pieces]
-            problem = (_problem(got, want, f"rank {r} got for the joined pieces ({what})")
-                       or _unchanged(pieces[r], before, "ring_all_gather", r)
-                       or _bytes_problem(comm, chunks, 1, what, lengths_allowed=8 * n * (n - 1)))
-            if problem:
-                raise AssertionError(problem)
+    with own_session(session, split=True) as world:
+        _world_then_groups(world, lambda s: _all_gather_cases(fn, s))
+
+
+def _all_gather_cases(fn, s):
+    n, r = s.size(), s.rank()
+    cases = [(dtype, shape, axis) for dtype in (np.float64, np.int32) for shape, axis in CASES]
+    cases.append((np.float64, (BIG,), 0))                     # large pieces: above the eager limit
+    cases.append((np.float32, (BIG,), 0))
+    for dtype, shape, axis in cases:
+        whole = _inputs(1, tuple(d * n + 1 for d in shape), dtype, seed=2)[0]
+        index = tuple(slice(None) if i == axis % len(shape) else slice(0, d) for i, d in enumerate(shape))
+        pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
+        before = pieces[r].copy()
+        want = np.concatenate(pieces, axis=axis)
+        got, comm = _call(s, fn, pieces[r], axis=axis)
+        lengths = [p.shape[axis] for p in pieces]
+        what = f"piece lengths {lengths} along axis {axis}, {np.dtype(dtype).name}"
+        chunks = [p.nbytes for p in pieces]
+        problem = (_problem(got, want, f"rank {r} got for the joined pieces ({what})")
+                   or _unchanged(pieces[r], before, "ring_all_gather", r)
+                   or _bytes_problem(comm, chunks, 1, what, lengths_allowed=8 * n * (n - 1)))
+        if problem:
+            raise AssertionError(problem)
 
 
 def check_ring_all_reduce(fn, session=None):
-    with own_session(session) as s:
-        n, r = s.size(), s.rank()
-        shapes = [(0,), (1,), (n - 1 or 1,), (3 * n + 2,), (2, 5), (3, 1, 4), ()]
-        cases = [(dtype, shape, op) for dtype in (np.float64, np.float32, np.int64) for shape in shapes
-                 for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
-        cases.append((np.float64, (BIG * n + 2,), "sum"))
-        for dtype, shape, op in cases:
-            xs = _inputs(n, shape, dtype, seed=3)
-            before = xs[r].copy()
-            want = _reduce(xs, op).astype(dtype)
-            got, comm = _call(s, fn, xs[r], op=op)
-            what = f"x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
-            size = int(np.prod(shape, dtype=np.int64))
-            chunks = [len(c) * np.dtype(dtype).itemsize for c in np.array_split(np.arange(size), n)]
-            problem = (_problem(got, want, f"rank {r} got for {what}")
-                       or _unchanged(xs[r], before, "ring_all_reduce", r)
-                       or _bytes_problem(comm, chunks, 2, what, lengths_allowed=8 * n * (n - 1)))
-            if problem:
-                raise AssertionError(problem)
-            # every rank must hold the very same bits (data parallelism relies on it)
-            digests = s.allgather(_digest(np.asarray(got, dtype)), np.empty((n, 1), np.uint64))
-            if not (digests == digests[0]).all():
-                raise AssertionError(f"{what}: ranks hold different results; all must be identical")
+    with own_session(session, split=True) as world:
+        _world_then_groups(world, lambda s: _all_reduce_cases(fn, s))
+
+
+def _all_reduce_cases(fn, s):
+    n, r = s.size(), s.rank()
+    shapes = [(0,), (1,), (n - 1 or 1,), (3 * n + 2,), (2, 5), (3, 1, 4), ()]
+    cases = [(dtype, shape, op) for dtype in (np.float64, np.float32, np.int64) for shape in shapes
+             for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
+    cases.append((np.float64, (BIG * n + 2,), "sum"))
+    cases.append((np.float32, (BIG * n + 2,), "avg"))
+    for dtype, shape, op in cases:
+        xs = _inputs(n, shape, dtype, seed=3)
+        before = xs[r].copy()
+        want = _reduce(xs, op).astype(dtype)
+        got, comm = _call(s, fn, xs[r], op=op)
+        what = f"x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
+        size = int(np.prod(shape, dtype=np.int64))
+        chunks = [len(c) * np.dtype(dtype).itemsize for c in np.array_split(np.arange(size), n)]
+        problem = (_problem(got, want, f"rank {r} got for {what}")
+                   or _unchanged(xs[r], before, "ring_all_reduce", r)
+                   or _bytes_problem(comm, chunks, 2, what, lengths_allowed=8 * n * (n - 1)))
+        if problem:
+            raise AssertionError(problem)
+        # every rank must hold the very same bits (data parallelism relies on it)
+        digests = s.allgather(_digest(np.asarray(got, dtype)), np.empty((n, 1), np.uint64))
+        if not (digests == digests[0]).all():
+            raise AssertionError(f"{what}: ranks hold different results; all must be identical")
 
 
 EXERCISES = [
-    Exercise("1.1", "ring_reduce_scatter", collectives.ring_reduce_scatter, check_ring_reduce_scatter, MIN_RANKS),
-    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather, MIN_RANKS),
-    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce, MIN_RANKS),
+    Exercise("1.1", "ring_reduce_scatter", collectives.ring_reduce_scatter, check_ring_reduce_scatter, MIN_RANKS,
+             groups=True),
+    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather, MIN_RANKS, groups=True),
+    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce, MIN_RANKS, groups=True),
 ]
