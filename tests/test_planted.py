@@ -230,3 +230,18 @@ def test_planted_05_06_zero_bugs_fail_at_4_ranks(tmp_path, exercise, files):
     in words, at once; a student's own correct file PASSes."""
     proc, run = grade(4, [PLANTED / f for f in files], exercise, 10, tmp_path)
     assert_rows(proc, run, files, 10, deadlock=False)
+
+
+ALL_07 = {"07_good_student.py": {"7.1": None, "7.2": None},
+          "07_pp_fastest.py": {"7.1": "tp varies fastest", "7.2": "in tp_rank order"},
+          "07_off_by_one.py": {"7.1": None, "7.2": "returned [], expected [0]"}}
+
+
+def test_planted_07_grid_bugs_fail_and_the_stubs_are_todo(tmp_path):
+    """Serial checks over many factorisations, graded under mpirun -n 1: pp fastest and a
+    group one member short FAIL in words; a student's own correct file PASSes."""
+    stubs = ROOT / "lessons" / "exercises" / "07_3d_parallel.py"
+    proc, run = grade(1, [stubs] + [PLANTED / f for f in ALL_07], "07", 30, tmp_path)
+    assert [r["verdict"] for r in run["results"] if r["file"] == str(stubs)] == ["TODO"] * 2, run["results"]
+    run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
+    assert_rows(proc, run, ALL_07, 30, deadlock=False)
