@@ -109,9 +109,17 @@ def report_and_abort(text, code=1):
 # ----------------------------------------------------------------------------- uncaught exceptions
 
 def _handle(exc_type, exc, tb, where):
-    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+    if issubclass(exc_type, SystemExit):
         return False
+    _, size, _ = _mpi_world()
+    if issubclass(exc_type, KeyboardInterrupt) and size == 1:
+        return False                      # one process: Python's own traceback, as always
     text = "".join(traceback.format_exception(exc_type, exc, tb))
+    if issubclass(exc_type, KeyboardInterrupt):
+        # Ctrl-C (SIGINT) reached this rank: the others would wait for it in their next
+        # collective, so end the job now rather than after the exit agreement's wait
+        report_and_abort(f"interrupted (KeyboardInterrupt):\n{text}", 130)
+        return True
     if isinstance(exc, AgreedError) and where == "main":
         _, size, _ = _mpi_world()
         if size == 1:

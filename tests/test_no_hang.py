@@ -74,6 +74,21 @@ def test_one_rank_leaving_ends_the_job(tmp_path, leave):
     assert out.count("this rank is ending") == 1, out
 
 
+def test_ctrl_c_on_one_rank_ends_the_job_at_once(tmp_path):
+    """SIGINT on rank 1 while the others all-reduce: an interrupt, aborted at once (not an
+    exit that waits out MINIDIST_EXIT_TIMEOUT, set long here so that waiting would show)."""
+    rc, out, seconds = run(tmp_path, """
+        import os, signal, time
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        else:
+            ring_all_reduce(comm, np.ones(10))
+    """, exit_timeout="60")
+    ends(rc, out, seconds, "[rank 1] interrupted (KeyboardInterrupt)", "aborting all 4 ranks")
+    assert "this rank is ending" not in out, out
+
+
 def test_an_agreed_error_on_one_rank_only_ends_the_job(tmp_path):
     """GridError claims every rank raised it; here only rank 0 did, the others Split."""
     rc, out, seconds = run(tmp_path, """
