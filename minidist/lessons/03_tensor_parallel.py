@@ -71,8 +71,9 @@ def collectives_table(model, cfg, b, sp, clip):
     """The collectives of one micro-batch (and one step) in words, with elements per call."""
     T, C, L, t = cfg.block_size, cfg.n_embd, cfg.n_layer, model.tp
     bsh = f"b*s*h = {b}*{T}*{C} = {b * T * C:,}"
-    enter, leave = ("all-gather", "reduce-scatter") if sp else ("f: all-reduce in backward", "g: all-reduce")
-    rows = [["each layer, attention", f"{leave} forward, {enter} " + ("forward" if sp else ""), bsh],
+    pair = ("in: all-gather forward (reduce-scatter backward); out: reduce-scatter forward (all-gather backward)"
+            if sp else "in: f, nothing forward (all-reduce backward); out: g, all-reduce forward (nothing backward)")
+    rows = [["each layer, attention", pair, bsh],
             ["each layer, MLP", "the same pair", bsh],
             ["token embedding", f"{'reduce-scatter' if sp else 'all-reduce'} forward "
                                 f"({'all-gather' if sp else 'nothing'} backward)", bsh],
