@@ -142,6 +142,9 @@ def generation_report(model, ref, data, n, grid):
         say(f"  {label:<11} {decode(ids)!r}")
     say(f"  same tokens: {'yes' if same else 'NO'}; logits of every step: max_rel_diff {rel:.1e}"
         " (each rank's vocabulary columns, padding left out)")
+    if len(set(ref_tokens[0, p:].tolist())) <= 3:
+        say("  (a model trained for a few steps has mostly learned which bytes are common, so greedy"
+            " decoding repeats them; the logits of every step, compared above, are the stronger check)")
     if p + n - 1 > cfg.block_size:
         say(f"  past block_size {cfg.block_size}, positions shift: those steps run the cropped window whole")
     harness.table([["1 process (rank 0 alone)", f"{one_rate:,.0f}", fmt_bytes(cache_bytes), "-", "-"],
