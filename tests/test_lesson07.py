@@ -1,0 +1,41 @@
+"""Lesson 07 as a class runs it: 8 ranks, tp 2 x pp 2 x dp 2 with ZeRO-1 and dropout, the
+report's verdict and bytes; a factorisation that does not fit exits 2 with one message."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIRUN = Path(sys.executable).with_name("mpirun")
+pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+
+
+def lesson(n, *flags):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", "minidist.lessons.07_3d_parallel",
+                           *flags], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def test_lesson_07_matches_at_8_ranks_with_zero_and_dropout(tmp_path):
+    out = tmp_path / "out.json"
+    proc = lesson(8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--dropout", "0.1", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    assert rep["match"] is True and rep["max_rel_diff"] <= 1e-10, rep
+    assert rep["parallel"]["tp"] == rep["parallel"]["pp"] == rep["parallel"]["dp"] == 2
+    assert rep["comm"]["bytes_sent"] == rep["comm"]["expected_bytes"], rep["comm"]
+    assert all(rep["comm"]["bytes_sent"][g] > 0 for g in ("tp", "pp", "dp", "clip")), rep["comm"]
+    assert proc.stdout.count("who holds what") == 1 and "verdict: MATCH" in proc.stdout
+
+
+@pytest.mark.parametrize("flags, words", [(("--tp", "3"), "does not divide the 4 ranks"),
+                                          (("--tp", "2", "--pp", "2", "--dp", "2"), "the world has 4"),
+                                          (("--tp", "4", "--n-head", "6", "--n-embd", "48"), "must divide the 6 heads"),
+                                          (("--pp", "4", "--n-layer", "3"), "only 3 layers")])
+def test_bad_input_exits_2_with_one_message(flags, words):
+    proc = lesson(4, *flags)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("error:") == 1 and words in proc.stderr, proc.stdout + proc.stderr
