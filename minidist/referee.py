@@ -26,6 +26,7 @@ S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL, S_MISUSE = range(6)
 MSG_BYTES = 400
 STATUS_BYTES = 1 + 8 + MSG_BYTES   # severity, time, message
 POLL_S = 0.002
+CAUSE_S = 0.5                 # after another rank's failure: how long this rank's check may still end on its own
 GRACE_S = 3.0                 # after a stop: how long a check's thread may take to end
 DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
             "that cannot wait in a circle: the grader's Send waits for its Recv, as MPI's does for "
@@ -156,15 +157,21 @@ def settle(ctl, tag, thread, result, session, timeout):
     """
     talk = Talk(ctl, tag)
     deadline = time.monotonic() + timeout
+    failed_at = None                      # when this rank first heard of another's failure
     while True:
         everyone = talk.listen()
         if talk.me not in talk.heard:
             others = [s for s, _, _ in talk.heard.values()]
+            now = time.monotonic()
+            if failed_at is None and any(s in (S_TODO, S_FAIL, S_MISUSE) for s in others):
+                failed_at = now
             if thread is None or not thread.is_alive():
                 talk.tell(*result["v"], result.get("t"))
-            elif time.monotonic() > deadline or S_TIMEOUT in others:
+            elif now > deadline or S_TIMEOUT in others:
                 talk.tell(S_TIMEOUT, session.where() if session is not None else "busy (an endless loop?)")
-            elif any(s in (S_TODO, S_FAIL, S_MISUSE) for s in others):
+            elif failed_at is not None and (S_MISUSE in others or S_TODO in others or now - failed_at > CAUSE_S):
+                # another rank's wrong values may be the consequence of this rank's misuse
+                # (a wrong chunk it is about to receive): give this check CAUSE_S to say so
                 talk.tell(S_STOPPED, "stopped")
             if talk.me in talk.heard and thread is not None and thread.is_alive() and session is not None:
                 session.stop()
