@@ -97,11 +97,7 @@ def main(args):
     cfg = common.config_from_args(args, world)
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     harness.need(args.bucket_mb > 0, f"--bucket-mb must be positive, got {args.bucket_mb}")
-    try:
-        rows = shard_slice(args.batch_size, rank, world, args.grad_accum)
-    except ValueError as e:
-        raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
-                                 f"--grad-accum {args.grad_accum}: {e}")
+    rows = common.batch_rows(args, rank, world)
     data = common.load_dataset(args, comm)
     mode = "naive (one ring all-reduce per parameter)" if args.naive else f"bucketed ({args.bucket_mb:g} MiB buckets, overlapped)"
     say(f"Lesson 02: data parallelism on {world} ranks, {mode}\n")
@@ -112,7 +108,7 @@ def main(args):
         + (f" (each as {args.grad_accum} micro-batches of {per_rank // args.grad_accum}, one all-reduce per step)"
            if args.grad_accum > 1 else ""))
     say(f"steps   {args.steps} AdamW steps, " + (f"gradient clipping at norm {args.grad_clip}" if args.grad_clip
-                                                  else "no gradient clipping") + "\n")
+                                                  else "no gradient clipping"))
 
     # --- the data-parallel run: same seed on every rank, then rank 0's weights broadcast
     model, opt, tc = make_run(args, cfg)
@@ -140,16 +136,8 @@ def main(args):
     identical = len(set(crcs.tolist())) == 1
     match = bool(rel <= tol and identical)
 
-    say(f"what was compared, one process against {world} ranks:")
-    for line in common.COMPARED:
-        say(f"  - {line}")
-    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
-                  header=["step", "loss 1 process", f"loss {world} ranks"])
-    for kind, r, _, w in common.compare_by_kind(state, ref_state):
-        r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<13} max_rel_diff {r:.1e}"
-            + (f"  (largest in {common.where(w)} on rank 0)" if ":" in w else "")
-            + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    common.report_comparison(comm, f"{world} ranks", ref_losses, losses, state, ref_state, tol,
+                             show_where=" on rank 0")
     say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
     factor, residual = common.gradient_factor(state, ref_state)
     if rel > tol and factor is not None and residual < 1e-3 and abs(factor - 1) > tol:

@@ -147,16 +147,9 @@ def main(args):
     tol = harness.TOLERANCE[cfg.dtype]
     match = bool(rel <= tol)
 
-    say(f"\nwhat was compared, one process against tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
-        + " (shards gathered back to whole tensors, padding removed):")
-    for line in common.COMPARED:
-        say(f"  - {line}")
-    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
-                  header=["step", "loss 1 process", f"loss {world} ranks"])
-    for kind, r, _, w in common.compare_by_kind(state, ref_state):
-        r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<13} max_rel_diff {r:.1e}" + (f"  (largest in {common.where(w)})" if ":" in w else "")
-            + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    common.report_comparison(comm, f"tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), ref_losses,
+                             losses, state, ref_state, tol, show_where="",
+                             notes=["shards gathered back to whole tensors, padding removed"])
 
     # --- communication: measured beside the formula, per rank per step (the largest over ranks)
     say(f"\ncollectives of one micro-batch of b={per_dp} sequences (s={cfg.block_size}, h={cfg.n_embd}, t={tp})")

@@ -104,7 +104,7 @@ def main(args):
     # --- the schedule as data: the picture and the simulator
     sim = schedules.simulate(sched, pp, m, v)
     bubble_formula = schedules.formula(args.schedule, pp, m, v)
-    say(f"\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
+    say("\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
         + (", split into B = 1 and W = 1" if args.schedule == "zb-h1" else "") + "; '.' is the bubble)")
     say(schedules.picture(sched, v))
 
@@ -136,15 +136,10 @@ def main(args):
     tol = harness.TOLERANCE[cfg.dtype]
     match = bool(rel <= tol) and covered == everything
 
-    say(f"\nwhat was compared, one process against pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
-        + " (each stage against the same names of the whole model; wte on the first and the last stage):")
-    for line in common.COMPARED:
-        say(f"  - {line}")
-    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
-                  header=["step", "loss 1 process", f"loss {world} ranks"])
-    for kind, r, _, w in common.compare_by_kind(state, mine):
-        r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<13} max_rel_diff {r:.1e}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    common.report_comparison(comm, f"pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), ref_losses,
+                             losses, state, mine, tol,
+                             notes=["each stage against the same names of the whole model; wte on the first "
+                                    "and the last stage"])
     if covered != everything:
         say(f"  parameters no stage holds: {sorted(everything - covered)}")
 

@@ -19,7 +19,6 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
@@ -106,11 +105,7 @@ def main(args):
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
-    try:
-        rows = shard_slice(args.batch_size, rank, world, args.grad_accum)
-    except ValueError as e:
-        raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
-                                 f"--grad-accum {args.grad_accum}: {e}")
+    rows = common.batch_rows(args, rank, world)
     data = common.load_dataset(args, comm)
     stages = [0, 1, 2, 3] if args.stage == "all" else [int(args.stage)]
     # stage 2 both ways (the difference is the lesson), unless --overlap asks for the one

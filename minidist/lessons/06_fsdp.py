@@ -17,7 +17,6 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
@@ -78,11 +77,7 @@ def main(args):
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
-    try:
-        rows = shard_slice(args.batch_size, rank, world, args.grad_accum)
-    except ValueError as e:
-        raise harness.InputError(f"--batch-size {args.batch_size} with {world} ranks and "
-                                 f"--grad-accum {args.grad_accum}: {e}")
+    rows = common.batch_rows(args, rank, world)
     data = common.load_dataset(args, comm)
     say(f"Lesson 06: FSDP on {world} ranks, reshard after forward {'on' if args.reshard else 'off'}, "
         f"prefetch {'on' if args.prefetch else 'off'}\n")
@@ -108,15 +103,10 @@ def main(args):
 
     say(f"units   {len(units.groups)}: " + ", ".join(f"{n} {g.n:,}" for n, g in zip(units.names, units.groups))
         + " parameters; each rank keeps 1/N of each (numpy.array_split of the unit's flat buffer)")
-    say("\nwhat was compared, one process against FSDP:")
-    for line in common.COMPARED:
-        say(f"  - {line}")
-    say("  each rank's shard \"NAME[a:b]\" against elements a:b of the reference's NAME (nothing gathered back)")
-    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, state["loss"]))],
-                  header=["step", "loss 1 process", f"loss FSDP {world} ranks"])
-    for kind, r, _, _ in common.compare_by_kind(state, ref):
-        r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<13} max_rel_diff {r:.1e}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    common.report_comparison(comm, "FSDP", ref_losses, state["loss"], state, ref, tol,
+                             loss_label=f"loss FSDP {world} ranks",
+                             notes=["each rank's shard \"NAME[a:b]\" against elements a:b of the reference's NAME "
+                                    "(nothing gathered back)"])
     say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
 
     say("\nthe last micro-batch on rank 0, unit by unit (forward goes down the blocks, backward comes back up)")
@@ -137,7 +127,7 @@ def main(args):
     peak_gathered = int(common.mpi_reduce(comm, units.peak))
     shards = int(common.mpi_reduce(comm, shards))
     psi = sum(g.n for g in units.groups)
-    say(f"\nparameter memory per rank (the largest over ranks), measured from the arrays | formula")
+    say("\nparameter memory per rank (the largest over ranks), measured from the arrays | formula")
     harness.table([
         ["my shards (kept)", fmt_bytes(shards), f"{fmt_bytes(psi * item / world)}  Psi/N = {psi:,} x {item} B / {world}"],
         ["gathered, at the peak", fmt_bytes(peak_gathered), f"{fmt_bytes(formula_gathered)}  {rule}"],

@@ -123,15 +123,9 @@ def main(args):
     covered = bool(np.all(common.mpi_reduce(comm, [float(n in held) for n in names])))
     tol = harness.TOLERANCE[cfg.dtype]
 
-    say(f"\nwhat was compared, one process against tp={tp} x pp={pp} x dp={dp} (each rank against the "
-        f"reference cut to its own shard" + (", then to its ZeRO partition" if zero else "") + "):")
-    for line in common.COMPARED:
-        say(f"  - {line}")
-    harness.table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
-                  header=["step", "loss 1 process", f"loss {world} ranks"])
-    for kind, r, _, _ in common.compare_by_kind(state, mine):
-        r = common.mpi_reduce(comm, r)
-        say(f"  {kind:<13} max_rel_diff {r:.1e}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+    common.report_comparison(comm, f"tp={tp} x pp={pp} x dp={dp}", ref_losses, losses, state, mine, tol,
+                             notes=["each rank against the reference cut to its own shard"
+                                    + (", then to its ZeRO partition" if zero else "")])
     say(f"  every parameter of the model is held by some rank: {'yes' if covered else 'NO'}")
 
     # --- bytes per rank per step, by group: measured (last step) beside the formulas

@@ -101,7 +101,7 @@ def main(args):
     k = args.k or recompute.default_k(L)
     policies = recompute.POLICIES if args.policy == "all" else ("none", args.policy)
     policies = tuple(dict.fromkeys(policies))
-    say(f"Lesson 08: activation recomputation" + (f" inside tensor parallelism, tp={tp}" if tp > 1 else ", one process"))
+    say("Lesson 08: activation recomputation" + (f" inside tensor parallelism, tp={tp}" if tp > 1 else ", one process"))
     say(f"model   n_layer={L} n_head={a} n_embd={h} block_size={s} vocab={cfg.vocab_size} dropout={cfg.dropout} "
         f"{cfg.dtype}; batch {b} sequences; {args.steps} AdamW steps, clipping at {args.grad_clip}")
     say(f"policies {', '.join(policies)} (every-k: a checkpoint per k={k} blocks"
@@ -145,7 +145,7 @@ def main(args):
     x = b * s * h * item
     A = count(cfg, "none", b, tp, k, n_layer=1)
     say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
-    say(f"  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of "
+    say("  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of "
         f"(j+1) x + k A;\n  selective: q, k, v kept in place of the b*a*s*s probabilities and mask; the paper's "
         f"34sbh + 5as^2b, 34sbh and 2sbh per layer\n  assume 16-bit values and 1-byte masks "
         f"(docs/reference.md#activation-memory-per-layer)")
@@ -157,7 +157,7 @@ def main(args):
                        for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
 
     # --- the sweep: L blocks without recomputation and with a checkpoint every sqrt(L)
-    say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints")
+    say("\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints")
     sweep_rows, figures = [], {}
     for n in args.sweep:
         c = type(cfg)(**{**cfg.__dict__, "n_layer": n})

@@ -51,6 +51,16 @@ def config_from_args(args, ranks=1):
     return cfg
 
 
+def batch_rows(args, rank, world):
+    """This data-parallel rank's rows of the global batch; a batch that does not split over
+    `world` ranks and --grad-accum micro-batches is bad input (one message, exit 2)."""
+    from minidist.data import shard_slice
+    try:
+        return shard_slice(args.batch_size, rank, world, args.grad_accum)
+    except ValueError as e:
+        raise InputError(f"--batch-size {args.batch_size} with {world} ranks and --grad-accum {args.grad_accum}: {e}")
+
+
 def activation_bytes(cfg, batch):
     """A rough upper bound of what one training step saves for backward, in bytes.
 
@@ -157,6 +167,26 @@ def compare_by_kind(state, ref_state):
         part = lambda d: {k: d[k] for k in keys if k in d}   # noqa: E731  (missing -> inf in compare)
         out.append((kind, *compare(part(state), part(ref_state))))
     return out
+
+
+def report_comparison(comm, against, ref_losses, losses, state, ref_state, tol, notes=(),
+                      show_where=None, loss_label=None):
+    """Print, on rank 0, what was compared and each kind's max_rel_diff (the largest over ranks).
+
+    against: "4 ranks", "tp=8", ...; notes: lines on how the pieces were lined up (shards,
+    partitions); show_where: None to leave out which tensor differs most, "" to name it,
+    " on rank 0" to name rank 0's (where each rank compares its own pieces).
+    """
+    from minidist.lessons.harness import say, table
+    say(f"\nwhat was compared, one process against {against}:")
+    for line in COMPARED + tuple(notes):
+        say(f"  - {line}")
+    table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
+          header=["step", "loss 1 process", loss_label or f"loss {comm.Get_size()} ranks"])
+    for kind, r, _, w in compare_by_kind(state, ref_state):
+        r = mpi_reduce(comm, r)
+        worst = f"  (largest in {where(w)}{show_where})" if show_where is not None and ":" in w else ""
+        say(f"  {kind:<13} max_rel_diff {r:.1e}{worst}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
 
 
 def gradient_factor(state, ref_state, step=0):
