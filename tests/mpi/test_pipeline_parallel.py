@@ -8,8 +8,10 @@ with clipping that really clips. Per tensor, the loss of each step, every raw gr
 of each step (after the pipeline's sync, before clipping) and every weight at the end
 must equal the single-process run's: max_rel_diff <= 1e-10. The run's peak live
 activations equal the simulator's, the point-to-point bytes b*s*h per micro-batch per
-boundary each way. A micro-batch loss not scaled by 1/m and a tied embedding whose two
-copies are not summed must fail the same comparison.
+boundary each way. Every schedule again in float32, held to the harness's float32
+tolerance (harness.TOLERANCE), and plain SGD without clipping in both dtypes, so a
+constant factor would show in the weights too. A micro-batch loss not scaled by 1/m and
+a tied embedding whose two copies are not summed must fail the same comparison.
 """
 import importlib
 import json
@@ -22,6 +24,7 @@ from minidist.comm import ProcessGrid, stats
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
+from minidist.optim import SGD
 from minidist.parallel import schedules
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
@@ -46,7 +49,12 @@ def batch(step, rows):
     return x, np.roll(x, -1, axis=1)
 
 
-def train(model, opt, m, rows, dp=None, first=0, n=None, scale_bug=False):
+def optimizer(model, sgd):
+    """AdamW (after clipping) by default; plain SGD, whose update is -lr x g, with sgd=True."""
+    return SGD(model.parameters(), lr=TC.learning_rate) if sgd else model.configure_optimizers(0.1, TC.learning_rate)
+
+
+def train(model, opt, m, rows, dp=None, first=0, n=None, scale_bug=False, clip=TC.grad_clip):
     """STEPS steps on rows first..first+n of each batch; losses, raw grads of every step, weights."""
     losses, state = [], {}
     for step in range(STEPS):
@@ -57,7 +65,7 @@ def train(model, opt, m, rows, dp=None, first=0, n=None, scale_bug=False):
             fb = dp.forward_backward
             dp.forward_backward = lambda mdl, b, s: fb(mdl, b, 1.0)
         loss, _ = train_step(model, opt, micro_batches(x[sl], y[sl], step, SEED, m, first_sample=first),
-                             get_lr(step, TC), TC.grad_clip, dp=dp, raw_grads=raw)
+                             get_lr(step, TC), clip, dp=dp, raw_grads=raw)
         if scale_bug:
             del dp.forward_backward
         losses.append(loss)
@@ -66,12 +74,12 @@ def train(model, opt, m, rows, dp=None, first=0, n=None, scale_bug=False):
     return losses, state
 
 
-def reference(cfg, rows):
+def reference(cfg, rows, sgd=False):
     ref = GPT(cfg, seed=SEED)
-    return train(ref, ref.configure_optimizers(0.1, TC.learning_rate), 1, rows)
+    return train(ref, optimizer(ref, sgd), 1, rows, clip=0.0 if sgd else TC.grad_clip)
 
 
-def pipeline(cfg, name, m, v=1, **kw):
+def pipeline(cfg, name, m, v=1, sgd=False, **kw):
     grid = ProcessGrid(pp=PP)
     rows = m * grid.dp
     model = PipelineGPT(GPT(cfg, seed=SEED), PP, grid.pp_rank, v)
@@ -79,16 +87,17 @@ def pipeline(cfg, name, m, v=1, **kw):
     runner = PipelineParallel(model, grid.pp_comm, name, m, dp)
     if kw.pop("skip_tied", False):
         runner.embed_comm = None
-    opt = model.configure_optimizers(0.1, TC.learning_rate)
+    opt = optimizer(model, sgd)
     with stats.measure() as meas:
-        losses, state = train(model, opt, m, rows, runner, first=grid.dp_rank * m, n=m, **kw)
+        losses, state = train(model, opt, m, rows, runner, first=grid.dp_rank * m, n=m,
+                              clip=0.0 if sgd else TC.grad_clip, **kw)
     return grid, model, runner, losses, state, meas, rows
 
 
-def worst(cfg, name, m, v=1, **kw):
+def worst(cfg, name, m, v=1, sgd=False, **kw):
     """max_rel_diff over loss, raw gradients and weights, the largest on any rank."""
-    grid, model, runner, losses, state, meas, rows = pipeline(cfg, name, m, v, **kw)
-    ref_losses, ref_state = reference(cfg, rows)
+    grid, model, runner, losses, state, meas, rows = pipeline(cfg, name, m, v, sgd, **kw)
+    ref_losses, ref_state = reference(cfg, rows, sgd)
     losses = list(mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
     mine = {k: ref_state[k] for k in state}
     state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
@@ -117,6 +126,24 @@ def test_interleaved_equals_one_process(m):
     assert rel <= 1e-10, f"interleaved, p={PP}, v=2, m={m}: max_rel_diff {rel:.2e} (worst {where})"
     assert runner.peak_live == schedules.simulate(runner.schedule, PP, m, 2).peak[grid.pp_rank]
     assert meas.bytes_sent("send") // STEPS == expected_p2p_bytes(model, [1] * m, 8)
+
+
+@pytest.mark.parametrize("name,m,v", [("naive", 2, 1), ("gpipe", 4, 1), ("1f1b", 3, 1), ("interleaved", PP, 2),
+                                      ("zb-h1", 4, 1)])
+def test_float32_schedule_equals_one_process(name, m, v):
+    """The same comparison in float32, AdamW after clipping, to the lessons' float32 tolerance."""
+    cfg = config(n_layer=2 * PP if v == 2 else 5, dtype="float32")
+    rel, where, _ = worst(cfg, name, m, v)
+    tol = harness.TOLERANCE["float32"]
+    assert rel <= tol, f"float32 {name}, p={PP}, m={m}: max_rel_diff {rel:.2e} > {tol} (worst {where})"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_sgd_without_clipping_equals_one_process(dtype):
+    """Nothing between the raw gradients and the weights rescales them: the update is -lr x g."""
+    rel, where, _ = worst(config(dtype=dtype), "1f1b", 4, sgd=True)
+    tol = harness.TOLERANCE[dtype]
+    assert rel <= tol, f"{dtype} 1f1b SGD, p={PP}: max_rel_diff {rel:.2e} > {tol} (worst {where})"
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
