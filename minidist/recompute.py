@@ -216,11 +216,14 @@ def attention_core(q, k, v, dropout_p, rng, recompute):
     return _attention_core(q, k, v, dropout_p, rng)
 
 
-def set_policy(model, name="none", k=None):
-    """Apply a policy to a GPT (or a tensor-parallel one): blocks by segments, or the
-    attention cores (selective). Returns the Policy; bad values raise ValueError."""
-    policy = Policy(name, k, model.config.n_layer)
+def set_policy(model, name="none", k=None, blocks=None):
+    """Apply a policy to a GPT (or a tensor-parallel one, or a pipeline stage): blocks by
+    segments, or the attention cores (selective). blocks: the blocks the model runs
+    (default model.transformer.h); every-k's default k is sqrt of their count. Returns
+    the Policy; bad values raise ValueError."""
+    blocks = list(model.transformer.h if blocks is None else blocks)
+    policy = Policy(name, k, len(blocks))
     model.recompute = policy
-    for block in model.transformer.h:
+    for block in blocks:
         block.attn.recompute_core = policy.name == "selective"
     return policy

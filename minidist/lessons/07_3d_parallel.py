@@ -7,12 +7,17 @@ run must equal one process.
     mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 4 --pp 2 --schedule gpipe
     mpirun -n 8 python -m minidist.lessons.07_3d_parallel --pp 2 --dp 4 --zero 1 --dropout 0.1
     mpirun -n 4 python -m minidist.lessons.07_3d_parallel --tp 2 --json out.json
+    mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2 --recompute full
+    mpirun -n 12 python -m minidist.lessons.07_3d_parallel --tp 3 --pp 2 --dp 2 --n-head 6 --n-embd 48
 
 The grid is tp fastest, then pp, then dp (minidist/comm/grid.py): on a cluster the TP
 group is one node's GPUs. The lesson prints every rank's role, compares the losses, the
 raw gradients of every step (each rank's shard, or its ZeRO partition of it) and the
 weights with one process, then the bytes each rank sent per step by group beside the
-formulas of lessons 02-05, memory per rank by category, and the pipeline's bubble.
+formulas of lessons 02-05, memory per rank by category beside the ZeRO paper's count of
+the rank's parameters, and the pipeline's bubble. --recompute runs each stage's TP blocks
+under a recomputation policy (lesson 08): the numbers must not change, the TP group sends
+each checkpointed layer's two forward all-reduces again.
 """
 import numpy as np
 from mpi4py import MPI
@@ -22,7 +27,9 @@ from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel import schedules
-from minidist.parallel.parallel_3d import GROUPS, Parallel3D, build_stage, expected_traffic, reference_value
+from minidist import recompute
+from minidist.parallel.parallel_3d import (GROUPS, Parallel3D, build_stage, expected_memory, expected_traffic,
+                                           reference_value, stage_param_count)
 from minidist.parallel.pipeline_parallel import split_layers
 from minidist.parallel.tensor_parallel import vocab_range
 from minidist.parallel.zero import ZeRO
@@ -93,11 +100,13 @@ def main(args):
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
         f"dropout={cfg.dropout} {cfg.dtype}")
     say(f"batch   global {args.batch_size} = {dp} replica(s) x {m} micro-batches of b={per_dp // m}")
-    say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}\n")
+    say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}")
+    say(f"recompute {args.recompute}" + (f" (a checkpoint per k={args.k or 'round(sqrt(L_r))'} of each stage's blocks)"
+                                         if args.recompute == "every-k" else "") + "\n")
 
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    stage, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, v)
+    stage, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, v, args.recompute, args.k)
     opt = stage.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
     zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
     slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
@@ -129,7 +138,7 @@ def main(args):
     say(f"  every parameter of the model is held by some rank: {'yes' if covered else 'NO'}")
 
     # --- bytes per rank per step, by group: measured (last step) beside the formulas
-    want = expected_traffic(slot, per_dp, cfg.block_size)
+    want = expected_traffic(slot, per_dp, cfg.block_size, clip=bool(args.grad_clip))
     flat = lambda d: [d[g].get(c, 0) for g in GROUPS for c in ("all_reduce", "send", "broadcast",   # noqa: E731
                                                               "reduce_scatter", "all_gather")]
     got_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(slot.traffic)])
@@ -152,11 +161,30 @@ def main(args):
     mem_rows = [sum(p.data.nbytes for p in stage.parameters()),
                 zero.held_grad_bytes if zero else sum(p.grad.nbytes for p in stage.parameters() if p.grad is not None),
                 slot.state_bytes(), act_peak]
+    formula = expected_memory(slot)
+    mem_rows += [formula["params"], formula["grads"], formula["optimizer"], stage_param_count(stage, tp_model)]
     mem = np.reshape(common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in mem_rows]),
-                     (world, 4))
-    say("\nmemory per rank (bytes held after the step; activations: the peak saved for backward)")
-    harness.table([[r] + [fmt_bytes(int(x)) for x in mem[r]] for r in range(world)],
-                  header=["rank", "params", "grads", "optimizer", "activations peak"])
+                     (world, 8))
+    item = np.dtype(cfg.dtype).itemsize
+    # the slack ZeRO-1's uneven cut allows: my partition is array_split's, Psi_r/N_d the paper's
+    # even share, less than one element apart (in grads once, in AdamW's m and v twice)
+    slack = np.array([0, item, 2 * item] if zero else [0, 0, 0])
+
+    def beside(got, want, i):
+        """measured and its mark: '=' equal, '~' within the slack, otherwise the formula."""
+        mark = "=" if got == want else "~" if abs(got - want) < slack[i] else "!= " + fmt_bytes(want)
+        return f"{fmt_bytes(int(got))} {mark}"
+    say("\nmemory per rank (bytes held after the step) beside the formula (zero.paper_memory of Psi_r, the\n"
+        "rank's parameters: its stage's layers' TP shards plus the replicated ones, from the shapes, "
+        f"{item} bytes each):\nparams Psi_r, grads Psi_r" + (" + Psi_r/dp (ZeRO-1 keeps the local gradient and its partition)"
+                                                     if zero else "") +
+        ", AdamW's m and v 2 Psi_r" + ("/dp" if zero else "") + "; activations: the peak saved for backward")
+    harness.table([[r, f"{int(mem[r, 7]):,}"] + [beside(mem[r, i], mem[r, 4 + i], i) for i in range(3)]
+                   + [fmt_bytes(int(mem[r, 3]))] for r in range(world)],
+                  header=["rank", "Psi_r", "params", "grads", "optimizer", "activations peak"])
+    memory_ok = bool(np.all((mem[:, :3] == mem[:, 4:7]) | (np.abs(mem[:, :3] - mem[:, 4:7]) < slack)))
+    say("  '=' equal to the formula; '~' under ZeRO-1, within the one element array_split's partitions differ "
+        "from Psi_r/dp" if zero else "  '=' equal to the formula")
 
     # --- the bubble of the schedule across the pp stages
     sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
@@ -166,22 +194,24 @@ def main(args):
 
     step_time = common.mpi_reduce(comm, float(np.median(times)))
     say(f"training step: median {step_time * 1e3:.1f} ms (slowest rank)")
-    match = bool(rel <= tol) and covered and bytes_ok
+    match = bool(rel <= tol) and covered and bytes_ok and memory_ok
     figures = {"bubble_simulated": float(sim.bubble), "bubble_formula": float(bubble_formula)}
     for i, g in enumerate(GROUPS):
         figures[f"bytes_{g}_measured_max"] = int(got_all[:, i].sum(axis=1).max())
         figures[f"bytes_{g}_formula_max"] = int(want_all[:, i].sum(axis=1).max())
     report = harness.new_report(
         "07_3d_parallel", args, parallel={"tp": tp, "pp": pp, "dp": dp, "zero": args.zero, "schedule": args.schedule,
-                                          "micro_batches": m, "chunks": v},
+                                          "micro_batches": m, "chunks": v, "recompute": args.recompute,
+                                          "k": stage.recompute.k if args.recompute == "every-k" else None},
         match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
         losses={"reference": ref_losses, "parallel": losses},
         comm={"bytes_sent": {g: figures[f"bytes_{g}_measured_max"] for g in GROUPS},
               "expected_bytes": {g: figures[f"bytes_{g}_formula_max"] for g in GROUPS}},
-        memory=dict(zip(("params", "grads", "optimizer", "activations_peak"), (int(x) for x in mem.max(axis=0)))),
+        memory=dict(zip(("params", "grads", "optimizer", "activations_peak", "params_formula", "grads_formula",
+                         "optimizer_formula"), (int(x) for x in mem[:, :7].max(axis=0)))),
         step_time_s=step_time, figures=figures)
     say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on some rank;"
-        "\nthe bytes of every group equal to the formula")
+        "\nthe bytes of every group equal to the formula; params, grads and optimizer state equal to the formula")
     return harness.finish(report, args)
 
 
@@ -197,6 +227,10 @@ def build_parser():
                    help="micro-batches per step and replica (default: up to 4)")
     p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
                    help="model chunks per rank for --schedule interleaved (default %(default)s)")
+    p.add_argument("--recompute", choices=recompute.POLICIES, default="none",
+                   help="activation recomputation of each stage's blocks (lesson 08; default none)")
+    p.add_argument("--k", type=harness.positive_int, help="blocks per checkpoint for --recompute every-k "
+                                                           "(default round(sqrt(L_r)), L_r the stage's layers)")
     p.add_argument("--lr", type=harness.positive_float, default=1e-3)
     p.add_argument("--grad-clip", type=harness.positive_float, default=0.5, help="clip the global gradient norm")
     return p

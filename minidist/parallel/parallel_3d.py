@@ -12,7 +12,8 @@ one inside the next (Narayanan et al. 2021, arXiv 2104.04473, Megatron-LM's PTD-
 
 Who talks to whom, per step and rank (b micro-batch rows, s = T, h = n_embd, m
 micro-batches, L_r this stage's layers):
-    tp group: (4 L_r + [first] + [last]) m all-reduces of b s h, 3 m of b s on the last stage
+    tp group: (4 L_r + [first] + [last]) m all-reduces of b s h, 3 m of b s on the last stage;
+              with full or every-k recomputation 2 L_r m more (each layer's forward g's rerun)
     pp group: b s h per micro-batch per boundary each way (point-to-point, same tp_rank),
               one all-reduce of wte's shard between the first and last stage
     dp group: one all-reduce of this rank's gradients (plain), or a reduce-scatter
@@ -29,6 +30,7 @@ partition of those. The squares are summed over dp (ZeRO only: plain replicas ho
 copies), then tp, then pp.
 """
 import contextlib
+import math
 
 import numpy as np
 
@@ -37,15 +39,16 @@ from minidist.comm import all_reduce, stats
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
 from minidist.parallel.tp_formulas import dp_all_reduce_bytes, expected_bytes, ring_all_reduce_sent
-from minidist.parallel.tp_model import TensorParallelGPT, shard
+from minidist.parallel.tp_model import TensorParallelGPT, shard, shard_shape
 
 GROUPS = ("tp", "pp", "dp", "clip")
 
 
-def build_stage(full, grid, v=1):
-    """(stage model, tensor-parallel model): the whole GPT cut t ways, then this stage kept."""
+def build_stage(full, grid, v=1, recompute="none", k=None):
+    """(stage model, tensor-parallel model): the whole GPT cut t ways, then this stage kept;
+    its TP blocks recompute their activations as the policy says (recompute.py)."""
     tp_model = TensorParallelGPT(full, grid.tp_comm)
-    return PipelineGPT(tp_model, grid.pp, grid.pp_rank, v), tp_model
+    return PipelineGPT(tp_model, grid.pp, grid.pp_rank, v).set_recompute(recompute, k), tp_model
 
 
 def counted_once(stage, tp_model, tp_rank):
@@ -142,16 +145,20 @@ class Parallel3D:
         return sq
 
 
-def expected_traffic(slot, rows, T):
+def expected_traffic(slot, rows, T, clip=True):
     """{group: {collective: bytes}} this rank sends in one step, by the earlier lessons'
     formulas: tp_formulas for TP (this stage's layers and ends), pipeline_parallel for the
-    point-to-point bytes, the ring's count for wte's sum, the DP all-reduce or ZeRO's."""
+    point-to-point bytes, the ring's count for wte's sum, the DP all-reduce or ZeRO's; with
+    clipping (clip), the norm's float64 over tp and pp."""
     from minidist.parallel.zero import expected_sent
     stage, tpm, grid, m = slot.stage, slot.tp_model, slot.grid, slot.m
     item = np.dtype(stage.config.dtype).itemsize
     b = rows // m
     out = {g: {} for g in GROUPS}
-    out["tp"] = {k: v[1] for k, v in expected_bytes(tpm, b, T, m, clip=False, stage=stage).items()}
+    # activation recomputation: each checkpointed layer reruns its forward, 2 more g's (recompute.py)
+    again = len(stage.blocks()) if stage.recompute.segment else 0
+    out["tp"] = {k: v[1] for k, v in expected_bytes(tpm, b, T, m, clip=False, recomputed_layers=again,
+                                                    stage=stage).items()}
     if grid.pp > 1:
         out["pp"]["send"] = expected_p2p_bytes(stage, [b] * m, item)
         if stage.last:                         # the loss, one float64 to every other stage
@@ -163,11 +170,30 @@ def expected_traffic(slot, rows, T):
         out["dp"] = expected_sent(slot.zero, m)
     elif grid.dp > 1:
         out["dp"]["all_reduce"] = dp_all_reduce_bytes(stage.parameters(), grid.dp_comm)[1]
-    clip = sum(ring_all_reduce_sent(1, c.Get_size(), c.Get_rank()) * 8
-               for c in (grid.tp_comm, grid.pp_comm) if c.Get_size() > 1)
     if clip:
-        out["clip"]["all_reduce"] = clip
+        out["clip"]["all_reduce"] = sum(ring_all_reduce_sent(1, c.Get_size(), c.Get_rank()) * 8
+                                        for c in (grid.tp_comm, grid.pp_comm) if c.Get_size() > 1)
     return {g: {k: v for k, v in d.items() if v} for g, d in out.items()}
+
+
+def stage_param_count(stage, tp_model):
+    """Psi_r, the elements of this rank's parameters, from the shapes alone: each of its
+    stage's parameters at the single-process shape, cut to its TP shard (the vocabulary
+    padded to a multiple of t) or whole where TP replicates it."""
+    return sum(math.prod(shard_shape(tp_model.full_shapes[n], tp_model.specs.get(n), tp_model.tp))
+               for n, _ in stage.named_parameters())
+
+
+def expected_memory(slot):
+    """{category: bytes} this rank holds after a step, by the ZeRO paper's accounting
+    (zero.paper_memory) of Psi_r in the run's dtype: params Psi_r, grads Psi_r (ZeRO-1 keeps
+    the whole local gradient and its reduced partition, Psi_r + Psi_r/N_d), AdamW's m and v
+    2 Psi_r (ZeRO-1: 2 Psi_r/N_d), N_d = dp. Psi_r/N_d is the paper's even cut; the
+    partitions are array_split's, up to one element apart."""
+    from minidist.parallel.zero import paper_memory
+    item = np.dtype(slot.stage.config.dtype).itemsize
+    psi = stage_param_count(slot.stage, slot.tp_model)
+    return paper_memory(1 if slot.zero is not None else 0, psi, slot.grid.dp, item)
 
 
 def reference_value(key, ref_state, tp_model):

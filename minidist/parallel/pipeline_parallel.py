@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from minidist import recompute
 from minidist.backend import to_numpy, xp
 from minidist.comm import all_reduce, broadcast, stats
 from minidist.comm.watchdog import waiting
@@ -101,19 +102,32 @@ class PipelineGPT(Module):
         self.transformer = ModuleDict(**mods)
         # bound methods, not Modules: the whole model's parameters stay out of this stage's
         self._ends = (getattr(full, "embed", None), getattr(full, "head", None))
+        policy = getattr(full, "recompute", None)      # as the whole model was set, k included
+        self.set_recompute(policy.name if policy else "none", policy.k if policy else None)
+
+    def blocks(self, c=None):
+        """This rank's blocks, in order (c: chunk c's only)."""
+        stages = self.stages if c is None else [self.stages[c]]
+        return [self.transformer.h[str(i)] for s in stages for i in range(*self.ranges[s])]
+
+    def set_recompute(self, policy="none", k=None):
+        """Activation recomputation for this stage's blocks (minidist/recompute.py): full,
+        every-k (segments of k blocks within each chunk; k defaults to round(sqrt(L_r)) of
+        this rank's L_r blocks) or selective. The backward of a checkpoint starts from any
+        gradient, the non-scalar one the next stage sends included."""
+        recompute.set_policy(self, policy, k, blocks=self.blocks())
+        return self
 
     def forward_chunk(self, c, x, targets, rng):
         """Virtual stage c*p + rank on one micro-batch: idx or activations in; activations or the loss out."""
         s, tr = self.stages[c], self.transformer
-        lo, hi = self.ranges[s]
         embed, head = self._ends
         if s == 0 and embed is not None:
             x = embed(xp.asarray(x), rng)                                       # (B, T, C)
         elif s == 0:
             B, T = x.shape
             x = tr.drop(tr.wte(xp.asarray(x)) + tr.wpe(xp.arange(T)), rng)   # (B, T, C)
-        for i in range(lo, hi):
-            x = tr.h[str(i)](x, rng)
+        x = recompute.run_blocks(self.recompute, self.blocks(c), x, rng)     # this chunk's blocks
         if s == self.p * self.v - 1 and head is not None:
             return head(x, xp.asarray(targets))[1]
         if s == self.p * self.v - 1:

@@ -10,6 +10,13 @@ ZeRO partition of it) and every weight at the end equal the single-process run's
 max_rel_diff <= 1e-10. The bytes sent by each group equal the earlier lessons' formulas
 exactly. Planted: the tied embedding not summed across stages, the norm counting
 replicated and tied parameters on every rank that holds them; each must fail.
+
+Also, on one factorisation per world size (the most tensor- and pipeline-parallel one,
+dropout on): each recomputation policy of lesson 08 applied to every stage's TP blocks
+(same 1e-10; the TP bytes then include each checkpointed layer's rerun forward
+all-reduces, expected_bytes(recomputed_layers=...)); at 4 and 8 ranks, float32 (held to
+harness.TOLERANCE["float32"]) and plain SGD without clipping, where a gradient off by a
+constant factor would show in the weights as well as in the raw gradients.
 """
 import numpy as np
 import pytest
@@ -19,6 +26,7 @@ from minidist.comm import ProcessGrid
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
+from minidist.optim import SGD
 from minidist.parallel.parallel_3d import Parallel3D, build_stage, expected_traffic, reference_value
 from minidist.parallel.zero import ZeRO
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
@@ -41,8 +49,8 @@ CASES = {
 }.get(WORLD, [])
 
 
-def config(dropout):
-    return GPTConfig(block_size=T, vocab_size=62, n_layer=5, n_head=12, n_embd=24, dropout=dropout, dtype="float64")
+def config(dropout, dtype="float64"):
+    return GPTConfig(block_size=T, vocab_size=62, n_layer=5, n_head=12, n_embd=24, dropout=dropout, dtype=dtype)
 
 
 def batch(step, rows):
@@ -51,16 +59,19 @@ def batch(step, rows):
     return x, np.roll(x, -1, axis=1)
 
 
-def train(model, opt, m, rows, first=0, n=None, dp=None):
-    """STEPS steps on rows first..first+n of each batch: losses, norms, raw grads, weights."""
+def train(model, opt, m, rows, first=0, n=None, dp=None, clip=TC.grad_clip):
+    """STEPS steps on rows first..first+n of each batch: losses, norms, raw grads, weights
+    (no norms without clipping)."""
     state = {}
     for step in range(STEPS):
         x, y = batch(step, rows)
         sl = slice(first, first + (n or rows))
         raw = {}
         loss, norm = train_step(model, opt, micro_batches(x[sl], y[sl], step, SEED, m, first_sample=first),
-                                get_lr(step, TC), TC.grad_clip, dp=dp, raw_grads=raw)
-        state[f"loss@step{step}"], state[f"norm@step{step}"] = np.array([loss]), np.array([norm])
+                                get_lr(step, TC), clip, dp=dp, raw_grads=raw)
+        state[f"loss@step{step}"] = np.array([loss])
+        if clip:
+            state[f"norm@step{step}"] = np.array([norm])
         state.update({f"grad:{k}@step{step}": np.array(g) for k, g in raw.items()})
     weights = dp.named_weights() if dp is not None else model.named_parameters()
     state.update({f"weight:{k}": p.data.copy() for k, p in weights})
@@ -70,17 +81,23 @@ def train(model, opt, m, rows, first=0, n=None, dp=None):
 _REF = {}
 
 
-def reference(dropout, rows):
-    if (dropout, rows) not in _REF:
-        ref = GPT(config(dropout), seed=SEED)
-        _REF[(dropout, rows)] = train(ref, ref.configure_optimizers(0.1, TC.learning_rate), 1, rows)
-    return _REF[(dropout, rows)]
+def optimizer(model, sgd):
+    """AdamW with weight decay as configure_optimizers groups it, or plain SGD."""
+    return SGD(model.parameters(), TC.learning_rate) if sgd else model.configure_optimizers(0.1, TC.learning_rate)
 
 
-def run_3d(tp, pp, dp, zero, dropout, schedule, m, plant=None):
+def reference(dropout, rows, dtype="float64", sgd=False):
+    key = (dropout, rows, dtype, sgd)
+    if key not in _REF:
+        ref = GPT(config(dropout, dtype), seed=SEED)
+        _REF[key] = train(ref, optimizer(ref, sgd), 1, rows, clip=0.0 if sgd else TC.grad_clip)
+    return _REF[key]
+
+
+def run_3d(tp, pp, dp, zero, dropout, schedule, m, plant=None, recompute="none", dtype="float64", sgd=False):
     grid = ProcessGrid(tp=tp, pp=pp, dp=dp)
-    stage, tp_model = build_stage(GPT(config(dropout), seed=SEED), grid)
-    opt = stage.configure_optimizers(0.1, TC.learning_rate)
+    stage, tp_model = build_stage(GPT(config(dropout, dtype), seed=SEED), grid, recompute=recompute, k=2)
+    opt = optimizer(stage, sgd)
     slot = Parallel3D(stage, tp_model, grid, schedule, m, opt,
                       zero=ZeRO(stage, opt, grid.dp_comm, 1) if zero else None)
     if plant == "tied not summed":
@@ -88,7 +105,7 @@ def run_3d(tp, pp, dp, zero, dropout, schedule, m, plant=None):
     if plant == "norm counts copies":
         slot.counted = {id(p) for p in stage.parameters()}
     rows = m * dp                                   # one sequence per micro-batch
-    state = train(stage, slot, m, rows, first=grid.dp_rank * m, n=m, dp=slot)
+    state = train(stage, slot, m, rows, first=grid.dp_rank * m, n=m, dp=slot, clip=0.0 if sgd else TC.grad_clip)
     for step in range(STEPS):                       # each replica's loss is of its rows: the mean
         state[f"loss@step{step}"] = mpi_reduce(grid.dp_comm, state[f"loss@step{step}"], "sum") / dp
     return grid, slot, state, rows
@@ -132,3 +149,51 @@ def test_planted_bugs_fail(plant):
     rel, _, key = worst(state, reference(case[4], rows), slot.tp_model)
     rel_all = mpi_reduce(COMM, rel)
     assert rel_all > 1e3 * TOL, f"planted '{plant}' at {case} passed: max_rel_diff {rel_all:.2e}"
+
+
+# the most tensor- and pipeline-parallel case of each world size, dropout on where it has it
+DEEP = max(CASES, key=lambda c: (c[0] * c[1], c[4], -c[3]), default=None)
+# float32 and SGD: one factorisation at 4 ranks and one at 8 (tp, pp and dp all used at 8)
+SMALL = {4: (2, 2, 1, 0, 0.1, "1f1b", 3), 8: (2, 2, 2, 0, 0.1, "1f1b", 2)}.get(WORLD)
+
+
+def check_case(case, tol, **kw):
+    """Run one case against its reference: max_rel_diff within tol, bytes equal to the formulas."""
+    grid, slot, state, rows = run_3d(*case, **kw)
+    ref = reference(case[4], rows, kw.get("dtype", "float64"), kw.get("sgd", False))
+    rel, _, key = worst(state, ref, slot.tp_model)
+    rel_all = mpi_reduce(COMM, rel)
+    assert rel_all <= tol, f"{case} {kw}: max_rel_diff {rel_all:.2e} > {tol:.0e} (rank {COMM.Get_rank()}: {key})"
+    want = expected_traffic(slot, rows // grid.dp, T, clip=not kw.get("sgd", False))
+    want = {g: d for g, d in want.items() if d}
+    got = {g: d for g, d in slot.traffic.items() if d}
+    assert got == want, f"{case} {kw}, rank {COMM.Get_rank()}: bytes sent {got}, the formulas say {want}"
+    return slot, state
+
+
+@pytest.mark.parametrize("policy", ["full", "every-k", "selective"])
+def test_each_recompute_policy_inside_3d(policy):
+    """Every stage's TP blocks under the policy (every-k with k = 2: uneven segments on a
+    3-layer stage): the same numbers, and the TP group sends the rerun's all-reduces."""
+    if DEEP is None:
+        pytest.skip(f"no case at world {WORLD}")
+    slot, _ = check_case(DEEP, TOL, recompute=policy)
+    assert slot.stage.recompute.name == policy
+    assert all(b.attn.recompute_core == (policy == "selective") for b in slot.stage.blocks())
+    if DEEP[0] > 1 and policy != "selective":        # the rerun is in the bytes: more than without it
+        plain = run_3d(*DEEP)[1].traffic["tp"]["all_reduce"]
+        assert slot.traffic["tp"]["all_reduce"] > plain
+
+
+def test_float32_within_its_tolerance():
+    if SMALL is None:
+        pytest.skip("float32 runs at 4 and 8 ranks")
+    check_case(SMALL, harness.TOLERANCE["float32"], dtype="float32")
+
+
+def test_sgd_without_clipping():
+    """Neither clipping nor AdamW rescales: the weights carry any constant factor too."""
+    if SMALL is None:
+        pytest.skip("SGD without clipping runs at 4 and 8 ranks")
+    _, state = check_case(SMALL, TOL, sgd=True)
+    assert not any(k.startswith("norm@") for k in state)
