@@ -35,3 +35,28 @@ def test_bad_input_exits_2_with_one_message(bad):
     proc = run(*SMALL, *bad)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("error:") == 1, proc.stderr
+
+
+MPIRUN = Path(sys.executable).with_name("mpirun")
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_inside_the_pipeline_every_rank_peak_equals_its_count(tmp_path):
+    """--pp 2 at 2 ranks (lesson 07's stages, 1F1B): every policy equal to none, each rank's
+    peak over its own stage's blocks (3 and 2 of 5 layers) equal to the count for them."""
+    import os
+    out = tmp_path / "o.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    small = [a if a != "3" else "5" for a in SMALL]            # 5 layers: uneven stages
+    proc = subprocess.run([str(MPIRUN), "-n", "2", sys.executable, *LESSON, *small, "--pp", "2",
+                           "--micro-batches", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    assert rep["match"] is True and rep["parallel"]["pp"] == 2 and rep["max_rel_diff"] <= 1e-12, rep
+    f = rep["figures"]
+    for p in ("none", "full", "every_k", "selective"):
+        got, want = f[f"{p}_rank_blocks_peak_bytes_measured"], f[f"{p}_rank_blocks_peak_bytes_count"]
+        assert got == want and len(got) == 2, (p, got, want)
+    assert f["none_rank_blocks_peak_bytes_measured"][0] > f["none_rank_blocks_peak_bytes_measured"][1]
+    assert f["full_rank_blocks_peak_bytes_measured"][0] < f["none_rank_blocks_peak_bytes_measured"][0]

@@ -4,6 +4,8 @@ the gradients must not change by a single bit.
     python -m minidist.lessons.08_activation_recompute
     python -m minidist.lessons.08_activation_recompute --policy every-k --k 2 --n-layer 9
     mpirun -n 2 python -m minidist.lessons.08_activation_recompute --tp 2
+    mpirun -n 2 python -m minidist.lessons.08_activation_recompute --pp 2
+    mpirun -n 4 python -m minidist.lessons.08_activation_recompute --tp 2 --pp 2
     python -m minidist.lessons.08_activation_recompute --json out.json
 
 The same GPT (dropout on) trains a few AdamW steps under each policy of
@@ -17,6 +19,10 @@ must be equal: 1e-12). Then a sweep over n_layer shows the blocks' memory growin
 without recomputation and as sqrt(L) with a checkpoint every sqrt(L) blocks. With
 --tp the model is the tensor-parallel GPT of lesson 03: the rerun repeats the forward's
 collectives, and the bytes sent are held to expected_bytes(recomputed_layers=...).
+With --pp the model is lesson 07's 3D stage (tp x pp, dp 1; parallel_3d): each rank
+applies the policy to its stage's L_r blocks, the pipeline's 1F1B backward starts each
+stage's checkpoints from the gradient the next stage sends, and every rank's peak over
+its blocks (one micro-batch) is printed beside the count for its L_r blocks.
 """
 import math
 
@@ -24,11 +30,12 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import recompute
-from minidist.comm import stats
+from minidist.comm import ProcessGrid, stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.memory import activation_layer_bytes
 from minidist.model import GPT
+from minidist.parallel.parallel_3d import Parallel3D, build_stage, expected_traffic
 from minidist.parallel.tp_formulas import expected_bytes, recompute_peak_elements
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
 from minidist.rng import DropoutRNG
@@ -40,14 +47,20 @@ TOLERANCE = 1e-12       # recomputation reruns the same arithmetic: equal, not c
 
 def check_input(args, cfg, world):
     """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
-    tp = args.tp or world
-    harness.need(tp == world, f"--tp {tp} must be the world size ({world} ranks): this lesson shows "
-                              f"recomputation inside tensor parallelism only (data parallelism is lesson 02)")
+    pp = args.pp
+    harness.need(world % pp == 0, f"--pp {pp} does not divide the {world} ranks")
+    tp = args.tp or world // pp
+    harness.need(tp * pp == world, f"--tp {tp} x --pp {pp} must be the world size ({world} ranks): this lesson "
+                                   f"shows recomputation inside tensor and pipeline parallelism only (data "
+                                   f"parallelism is lesson 02)")
+    harness.need(pp <= cfg.n_layer, f"{pp} pipeline stages but only {cfg.n_layer} layers: every stage needs a layer")
+    harness.need(pp == 1 or args.batch_size % args.micro_batches == 0,
+                 f"--batch-size {args.batch_size} must split into --micro-batches {args.micro_batches} of equal size")
     harness.need(cfg.n_head % tp == 0, f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: "
                                        f"each rank takes whole heads")
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     harness.need(all(L >= 1 for L in args.sweep), f"--sweep takes layer counts of at least 1, got {args.sweep}")
-    return tp
+    return tp, pp
 
 
 def build(cfg, seed, comm, policy, k):
@@ -58,15 +71,17 @@ def build(cfg, seed, comm, policy, k):
 
 def blocks_peak(model, b, seed):
     """The meter's peak over the blocks' forward and backward (from a non-scalar gradient,
-    as a pipeline stage receives it): what recomputation changes, measured."""
+    as a pipeline stage receives it): what recomputation changes, measured. A pipeline
+    stage (--pp): its own blocks."""
     cfg = model.config
+    blocks = model.blocks() if hasattr(model, "blocks") else model.transformer.h
     g = np.random.default_rng(seed)
     leaf = Tensor(g.standard_normal((b, cfg.block_size, cfg.n_embd)).astype(cfg.dtype), requires_grad=True)
     rng = DropoutRNG(seed, 0, range(b)) if cfg.dropout > 0 else None
     extra = (None,) if isinstance(model, TensorParallelGPT) else ()      # seq: no sequence parallelism
     MEMORY.reset_peak()
     base = MEMORY.live_bytes
-    y = recompute.run_blocks(model.recompute, model.transformer.h, leaf.reshape(leaf.shape), rng, *extra)
+    y = recompute.run_blocks(model.recompute, blocks, leaf.reshape(leaf.shape), rng, *extra)
     y.backward(g.standard_normal(y.shape).astype(cfg.dtype))
     return MEMORY.peak_bytes - base
 
@@ -77,8 +92,22 @@ def count(cfg, policy, b, t, k, n_layer=None):
                                    t=t, dropout=cfg.dropout > 0, k=k) * item
 
 
-def run_policy(policy, cfg, args, data, tc, comm):
-    """Train under one policy: (losses, state, median step time, whole-step peak, bytes sent, model)."""
+def run_policy(policy, cfg, args, data, tc, comm, grid=None):
+    """Train under one policy: (losses, state, median step time, whole-step peak, bytes sent
+    per step, the formula's bytes, model, optimizer). grid (--pp): lesson 07's stage, the
+    TP all-reduces of the last step beside parallel_3d.expected_traffic's."""
+    if grid is not None:
+        model, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, 1, policy, args.k)
+        opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+        slot = Parallel3D(model, tp_model, grid, "1f1b", args.micro_batches, opt)
+        MEMORY.reset_peak()
+        base = MEMORY.live_bytes
+        losses, state, times = common.train_and_collect(model, slot, data, args, tc, slice(None),
+                                                        args.micro_batches, slot)
+        peak = MEMORY.peak_bytes - base
+        want = expected_traffic(slot, args.batch_size, cfg.block_size, clip=bool(args.grad_clip))["tp"]
+        return (losses, state, float(np.median(times)), peak, slot.traffic["tp"].get("all_reduce", 0),
+                want.get("all_reduce", 0), model, opt)
     model = build(cfg, args.seed, comm, policy, args.k)
     opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
     sync = TensorParallelSync(model) if isinstance(model, TensorParallelGPT) else None
@@ -87,72 +116,93 @@ def run_policy(policy, cfg, args, data, tc, comm):
     with stats.measure() as m:
         losses, state, times = common.train_and_collect(model, opt, data, args, tc, dp=sync)
     peak = MEMORY.peak_bytes - base
-    sent = {n: m.bytes_sent(n) // args.steps for n in ("all_reduce",)}
-    return losses, state, float(np.median(times)), peak, sent, model, opt
+    sent = m.bytes_sent("all_reduce") // args.steps
+    again = cfg.n_layer if policy in ("full", "every-k") else 0
+    want = expected_bytes(model, args.batch_size, cfg.block_size, clip=bool(args.grad_clip),
+                          recomputed_layers=again).get("all_reduce", (0, 0))[1] if comm.Get_size() > 1 else 0
+    return losses, state, float(np.median(times)), peak, sent, want, model, opt
 
 
 def main(args):
     comm = MPI.COMM_WORLD
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
-    tp = check_input(args, cfg, world)
+    tp, pp = check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
+    grid = ProcessGrid(tp=tp, pp=pp, dp=1) if pp > 1 else None
+    tp_comm = grid.tp_comm if grid is not None else comm
     L, b, s, h, a = cfg.n_layer, args.batch_size, cfg.block_size, cfg.n_embd, cfg.n_head
     k = args.k or recompute.default_k(L)
     policies = recompute.POLICIES if args.policy == "all" else ("none", args.policy)
     policies = tuple(dict.fromkeys(policies))
-    say("Lesson 08: activation recomputation" + (f" inside tensor parallelism, tp={tp}" if tp > 1 else ", one process"))
+    say("Lesson 08: activation recomputation" + (f" inside tensor parallelism, tp={tp}" if tp > 1 and pp == 1 else
+                                                  f" inside the pipeline, tp={tp} x pp={pp} (lesson 07's stages, 1F1B "
+                                                  f"with m={args.micro_batches})" if pp > 1 else ", one process"))
     say(f"model   n_layer={L} n_head={a} n_embd={h} block_size={s} vocab={cfg.vocab_size} dropout={cfg.dropout} "
         f"{cfg.dtype}; batch {b} sequences; {args.steps} AdamW steps, clipping at {args.grad_clip}")
-    say(f"policies {', '.join(policies)} (every-k: a checkpoint per k={k} blocks"
-        + (", round(sqrt(L))" if not args.k else "") + ")\n")
+    say(f"policies {', '.join(policies)} (every-k: a checkpoint per k={k if pp == 1 else args.k or 'round(sqrt(L_r))'}"
+        f" blocks" + ((", round(sqrt(L))" if pp == 1 else " of each stage's L_r") if not args.k else "") + ")\n")
     tc = TrainConfig(batch_size=b, max_iters=args.steps, learning_rate=args.lr, min_lr=args.lr / 10,
                      warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
 
     runs, ok = {}, True
     for policy in policies:
-        losses, state, t, peak, sent, model, opt = run_policy(policy, cfg, args, data, tc, comm)
-        body = blocks_peak(model, b, args.seed)
-        want = count(cfg, policy, b, tp, k)
-        again = L if policy in ("full", "every-k") else 0
-        bytes_want = expected_bytes(model, b, s, clip=bool(args.grad_clip), recomputed_layers=again).get(
-            "all_reduce", (0, 0))[1] if tp > 1 else 0
+        losses, state, t, peak, sent, bytes_want, model, opt = run_policy(policy, cfg, args, data, tc, comm, grid)
+        # a pipeline stage: its L_r blocks, one micro-batch of b/m rows, its own every-k k
+        L_r, b_r = (len(model.blocks()), b // args.micro_batches) if pp > 1 else (L, b)
+        body = blocks_peak(model, b_r, args.seed)
+        want = count(cfg, policy, b_r, tp, model.recompute.k if pp > 1 else k, n_layer=L_r)
+        if pp > 1:                                 # every rank's measured and counted peak, for the table
+            per_rank = common.mpi_reduce(comm, [x if r == comm.Get_rank() else 0 for r in range(world)
+                                                for x in (body, want, L_r)], "sum").reshape(world, 3)
         state["loss"] = np.array(losses)
         runs[policy] = dict(losses=losses, state=state, time=common.mpi_reduce(comm, t), body=body, count=want,
                             equal=bool(common.mpi_reduce(comm, float(body != want)) == 0),
-                            step_peak=int(common.mpi_reduce(comm, peak)), sent=int(common.mpi_reduce(comm, sent["all_reduce"])),
-                            sent_want=int(common.mpi_reduce(comm, bytes_want)), model=model, opt=opt)
+                            step_peak=int(common.mpi_reduce(comm, peak)), sent=int(common.mpi_reduce(comm, sent)),
+                            sent_want=int(common.mpi_reduce(comm, bytes_want)), model=model, opt=opt,
+                            per_rank=per_rank if pp > 1 else None, L_r=L_r, b_r=b_r,
+                            bytes_equal=bool(common.mpi_reduce(comm, float(sent != bytes_want)) == 0))
     ref = runs["none"]
     for policy, r in runs.items():
         rel, absd, worst = harness.compare(r["state"], ref["state"])
         r["rel"], r["abs"] = common.mpi_reduce(comm, [rel, absd])
         r["worst"] = worst
-        r["bytes_ok"] = r["sent"] == r["sent_want"]
+        r["bytes_ok"] = r["bytes_equal"]                # on every rank: its measured bytes = its formula
         ok &= r["rel"] <= TOLERANCE and r["equal"] and r["bytes_ok"]
 
     item = np.dtype(cfg.dtype).itemsize
-    say(f"activation memory per rank: the meter's peak over the {L} blocks' forward and backward (b={b} s={s} h={h} "
-        f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")")
+    L0, b0 = ref["L_r"], ref["b_r"]                    # rank 0's: with --pp, the first stage's blocks, a micro-batch
+    say(f"activation memory per rank: the meter's peak over the {L0} blocks' forward and backward (b={b0} s={s} h={h} "
+        f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")" + (" on rank 0, the first stage; every rank below" if pp > 1 else ""))
     rows = []
     paper_name = {"none": "none", "selective": "selective", "full": "full"}
     for policy, r in runs.items():
-        paper = activation_layer_bytes(s, b, h, a, tp, False, paper_name[policy]) * L if policy in paper_name else None
+        paper = activation_layer_bytes(s, b0, h, a, tp, False, paper_name[policy]) * L0 if policy in paper_name else None
         rows.append([policy, fmt_bytes(r["body"]), fmt_bytes(r["count"]), "equal" if r["equal"] else "DIFFERENT",
                      f"{r['body'] / ref['body']:.2f}", fmt_bytes(paper) if paper else "-", fmt_bytes(r["step_peak"]),
                      f"{r['time'] * 1e3:.1f}", f"{r['time'] / ref['time']:.2f}x", f"{r['rel']:.1e}"])
-    harness.table(rows, header=["policy", "blocks: measured", "engine's count", "", "/ none", "paper (16-bit) x L",
+    harness.table(rows, header=["policy", "blocks: measured", "engine's count", "", "/ none", f"paper (16-bit) x {L0}",
                                 "whole step peak", "step ms", "time / none", "max_rel_diff"])
-    x = b * s * h * item
-    A = count(cfg, "none", b, tp, k, n_layer=1)
+    x = b0 * s * h * item
+    A = count(cfg, "none", b0, tp, k, n_layer=1)
     say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
     say("  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of "
-        f"(j+1) x + k A;\n  selective: q, k, v kept in place of the b*a*s*s probabilities and mask; the paper's "
-        f"34sbh + 5as^2b, 34sbh and 2sbh per layer\n  assume 16-bit values and 1-byte masks "
+        "(j+1) x + k A;\n  selective: q, k, v kept in place of the b*a*s*s probabilities and mask; the paper's "
+        "34sbh + 5as^2b, 34sbh and 2sbh per layer\n  assume 16-bit values and 1-byte masks "
         f"(docs/reference.md#activation-memory-per-layer)")
     say("  time: full and every-k run each block's forward twice (about one forward more: ~4/3 of a step);\n"
         "  selective reruns only the attention core")
+    if pp > 1:
+        say(f"\nevery rank's peak over its stage's blocks, one micro-batch of b={b0} (measured = count for its L_r; "
+            f"every-k's k = round(sqrt(L_r)) unless --k)")
+        harness.table([[rank, *grid.coords(rank)[1:], int(ref["per_rank"][rank, 2])]
+                       + [fmt_bytes(r["per_rank"][rank, 0]) + (" =" if r["per_rank"][rank, 0] == r["per_rank"][rank, 1]
+                                                              else " != " + fmt_bytes(r["per_rank"][rank, 1]))
+                          for r in runs.values()] for rank in range(world)],
+                      header=["rank", "pp", "tp", "L_r"] + list(runs))
     if tp > 1:
-        say("\nbytes each rank sends per step (all-reduces): the rerun repeats each layer's 2 forward g's")
+        say("\nbytes each rank sends per step (all-reduces): the rerun repeats each layer's 2 forward g's"
+            + (" (the largest over ranks;\n  each rank's equal to its tp group's in parallel_3d.expected_traffic)" if pp > 1 else ""))
         harness.table([[p, f"{r['sent']:,}", f"{r['sent_want']:,}", "equal" if r["bytes_ok"] else "DIFFERENT"]
                        for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
 
@@ -162,8 +212,8 @@ def main(args):
     for n in args.sweep:
         c = type(cfg)(**{**cfg.__dict__, "n_layer": n})
         kn = recompute.default_k(n)
-        none = blocks_peak(build(c, args.seed, comm, "none", None), b, args.seed)
-        every = blocks_peak(build(c, args.seed, comm, "every-k", kn), b, args.seed)
+        none = blocks_peak(build(c, args.seed, tp_comm, "none", None), b, args.seed)
+        every = blocks_peak(build(c, args.seed, tp_comm, "every-k", kn), b, args.seed)
         same = none == count(c, "none", b, tp, kn) and every == count(c, "every-k", b, tp, kn)
         ok &= bool(common.mpi_reduce(comm, float(not same)) == 0)
         sweep_rows.append([n, kn, fmt_bytes(none), fmt_bytes(none / n), fmt_bytes(every),
@@ -177,6 +227,9 @@ def main(args):
         figures.update({f"{key}_blocks_peak_bytes_measured": r["body"], f"{key}_blocks_peak_bytes_count": r["count"],
                         f"{key}_step_peak_bytes": r["step_peak"], f"{key}_step_time_s": r["time"],
                         f"{key}_time_ratio": r["time"] / ref["time"], f"{key}_max_rel_diff": r["rel"]})
+        if pp > 1:                                 # every rank's stage: measured and counted
+            figures.update({f"{key}_rank_blocks_peak_bytes_measured": [int(v) for v in r["per_rank"][:, 0]],
+                            f"{key}_rank_blocks_peak_bytes_count": [int(v) for v in r["per_rank"][:, 1]]})
     shown = policies[-1]
     r = runs[shown]
     rel = max(x["rel"] for x in runs.values())
@@ -186,7 +239,7 @@ def main(args):
                                                     if p.grad is not None))),
            "optimizer": int(common.mpi_reduce(comm, r["opt"].state_bytes())), "activations_peak": r["step_peak"]}
     report = harness.new_report(
-        "08_activation_recompute", args, parallel={"tp": tp, "dp": 1, "pp": 1, "recompute": shown, "k": k},
+        "08_activation_recompute", args, parallel={"tp": tp, "dp": 1, "pp": pp, "recompute": shown, "k": k},
         match=bool(ok), max_rel_diff=rel, max_abs_diff=absd, tolerance=TOLERANCE,
         losses={"reference": ref["losses"], "parallel": r["losses"]},
         comm={"bytes_sent": {"all_reduce": r["sent"]}, "expected_bytes": {"all_reduce": r["sent_want"]}} if tp > 1
@@ -212,7 +265,10 @@ def build_parser():
     p.add_argument("--policy", choices=("all",) + recompute.POLICIES[1:], default="all",
                    help="the policy compared with none (default: all of them)")
     p.add_argument("--k", type=harness.positive_int, help="blocks per checkpoint for every-k (default round(sqrt(L)))")
-    p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size)")
+    p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size / --pp)")
+    p.add_argument("--pp", type=harness.positive_int, default=1, help="pipeline stages (lesson 07's path; default 1)")
+    p.add_argument("--micro-batches", type=harness.positive_int, default=4, metavar="M",
+                   help="micro-batches per step with --pp (default %(default)s)")
     p.add_argument("--sweep", type=layer_list, default=[4, 9, 16], help="layer counts of the sweep (default 4,9,16)")
     p.add_argument("--lr", type=harness.positive_float, default=1e-3)
     p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5, help="clip the global gradient norm (0: off)")
