@@ -218,6 +218,7 @@ ALL_05 = {
     "05_no_average.py": {"5.2": "divide by N = comm.Get_size()"},
     "05_average_twice.py": {"5.2": "divided twice?"},
     "05_full_all_reduce.py": {"5.2": "that is a full all-reduce"},
+    "05_divide_by_4.py": {"5.2": "after passing on all 4 ranks"},
 }
 ALL_06 = {"06_good_student.py": {"6.1": None, "6.2": None},
           "06_never_frees.py": {"6.1": None, "6.2": "still holds"}}

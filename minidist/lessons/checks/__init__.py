@@ -38,3 +38,23 @@ def own_session(session, split=False):
         yield session
     finally:
         session.free()
+
+
+def world_then_groups(s, cases):
+    """Run cases(session) on the world, then on groups of another size (ranks 0 .. N-2, and
+    rank N-1 alone): code with N written into it (n = 4, / 4) is right at one size only.
+    The session must have its groups: Session(split=True), Exercise(groups=True)."""
+    from minidist.referee import said, where as where_in_student
+    cases(s)
+    if s.sub is None:
+        raise AssertionError("this check needs the session's groups (Session(split=True))")
+    g = s.group
+    where = (f"in a communicator of {len(g)} ranks (world ranks {g[0]}..{g[-1]})" if len(g) > 1
+             else f"alone in a communicator of size 1 (world rank {g[0]})")
+    try:
+        cases(s.sub)
+    except Exception as e:        # a Misuse stays a Misuse; MPI's "invalid rank" becomes words
+        kind = type(e) if isinstance(e, AssertionError) else AssertionError
+        text = str(e) if isinstance(e, AssertionError) else f"{said(e)}{where_in_student(e)}"
+        raise kind(f"{where}, after passing on all {s.size()} ranks: {text} (take N from "
+                   "comm.Get_size(), never from a number written in the code)") from None

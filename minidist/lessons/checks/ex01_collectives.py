@@ -29,9 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import collectives
-from minidist.lessons.checks import Exercise, own_session
+from minidist.lessons.checks import Exercise, own_session, world_then_groups
 from minidist.lessons.checks.counting import Misuse
-from minidist.referee import said, where as where_in_student
 
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"
@@ -132,24 +131,6 @@ def _unchanged(x, before, name, rank):
     return None if np.array_equal(x, before) else f"rank {rank}: {name} changed its input; return a new array"
 
 
-def _world_then_groups(s, cases):
-    """Run cases(session) on the world, then on groups of another size (ranks 0 .. N-2, and
-    rank N-1 alone): a ring with N written into the code (n = 4) is right at one size only."""
-    cases(s)
-    if s.sub is None:
-        raise AssertionError("this check needs the session's groups (Session(split=True))")
-    g = s.group
-    where = (f"in a communicator of {len(g)} ranks (world ranks {g[0]}..{g[-1]})" if len(g) > 1
-             else f"alone in a communicator of size 1 (world rank {g[0]})")
-    try:
-        cases(s.sub)
-    except Exception as e:        # a Misuse stays a Misuse; MPI's "invalid rank" becomes words
-        kind = type(e) if isinstance(e, AssertionError) else AssertionError
-        text = str(e) if isinstance(e, AssertionError) else f"{said(e)}{where_in_student(e)}"
-        raise kind(f"{where}, after passing on all {s.size()} ranks: {text} (take N from "
-                   "comm.Get_size(), never from a number written in the code)") from None
-
-
 CASES = [((7,), 0), ((1,), 0), ((0,), 0), ((12,), 0), ((5, 3), 0), ((3, 5), 1), ((2, 3, 7), 2), ((4, 2), -1)]
 
 
@@ -160,7 +141,7 @@ def _row_bytes(shape, axis, dtype):
 
 def check_ring_reduce_scatter(fn, session=None):
     with own_session(session, split=True) as world:
-        _world_then_groups(world, lambda s: _reduce_scatter_cases(fn, s))
+        world_then_groups(world, lambda s: _reduce_scatter_cases(fn, s))
 
 
 def _reduce_scatter_cases(fn, s):
@@ -187,7 +168,7 @@ def _reduce_scatter_cases(fn, s):
 
 def check_ring_all_gather(fn, session=None):
     with own_session(session, split=True) as world:
-        _world_then_groups(world, lambda s: _all_gather_cases(fn, s))
+        world_then_groups(world, lambda s: _all_gather_cases(fn, s))
 
 
 def _all_gather_cases(fn, s):
@@ -214,7 +195,7 @@ def _all_gather_cases(fn, s):
 
 def check_ring_all_reduce(fn, session=None):
     with own_session(session, split=True) as world:
-        _world_then_groups(world, lambda s: _all_reduce_cases(fn, s))
+        world_then_groups(world, lambda s: _all_reduce_cases(fn, s))
 
 
 def _all_reduce_cases(fn, s):

@@ -10,7 +10,7 @@ all-reduce leaves the right partition too, but sends twice as much, and FAILS.
 """
 import numpy as np
 
-from minidist.lessons.checks import Exercise, own_session
+from minidist.lessons.checks import Exercise, own_session, world_then_groups
 from minidist.parallel import zero
 from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
 
@@ -39,41 +39,45 @@ def _grad(rank, n):
 
 
 def check_reduce_scatter_grad(fn, session=None):
-    with own_session(session) as s:
-        rank, size = s.rank(), s.size()
-        for n in LENGTHS:
-            flat = _grad(rank, n)
-            before = flat.copy()
-            mean = sum(_grad(r, n) for r in range(size)) / size
-            want = np.array_split(mean, size)[rank]
-            comm = s.counting(REFUSE)
-            got = fn(comm, flat)
-            if comm.refused:
-                raise AssertionError(comm.refused)
-            if not np.array_equal(flat, before):
-                raise AssertionError(f"rank {rank}: the input of length {n} was changed; return a new array")
-            got = np.asarray(got)
-            if got.shape != want.shape:
-                raise AssertionError(f"rank {rank}: for {n} values on {size} ranks the result has shape {got.shape}; "
-                                     f"my partition is chunk {rank} of numpy.array_split, shape {want.shape}"
-                                     + (" (the whole mean: reduce-scatter, do not all-reduce)" if got.size == n else ""))
-            if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
-                j = int(np.argmax(np.abs(got - want)))
-                hint = (" (the sum: divide by N = comm.Get_size())" if np.isclose(got[j], want[j] * size) else
-                        " (divided twice?)" if np.isclose(got[j] * size, want[j]) else "")
-                raise AssertionError(f"rank {rank}: element {j} of my partition of {n} values is {got[j]:.6f}, "
-                                     f"expected the mean over {size} ranks {want[j]:.6f}{hint}")
-            expected = ring_reduce_scatter_sent(n, 1, size, rank) * flat.itemsize
-            if comm.bytes_sent != expected:
-                all_reduce = expected + ring_all_gather_sent(n, 1, size, rank) * flat.itemsize
-                hint = (" (a reduce-scatter and an all-gather: that is a full all-reduce, whose second half sends "
-                        "partitions this rank does not keep)" if expected and comm.bytes_sent == all_reduce else "")
-                raise AssertionError(f"rank {rank}: sent {comm.bytes_sent} bytes to reduce-scatter {n} values on "
-                                     f"{size} ranks; one ring reduce-scatter sends {expected} (all but my chunk)"
-                                     + hint)
+    with own_session(session, split=True) as world:
+        world_then_groups(world, lambda s: _reduce_scatter_cases(fn, s))
+
+
+def _reduce_scatter_cases(fn, s):
+    rank, size = s.rank(), s.size()
+    for n in LENGTHS:
+        flat = _grad(rank, n)
+        before = flat.copy()
+        mean = sum(_grad(r, n) for r in range(size)) / size
+        want = np.array_split(mean, size)[rank]
+        comm = s.counting(REFUSE)
+        got = fn(comm, flat)
+        if comm.refused:
+            raise AssertionError(comm.refused)
+        if not np.array_equal(flat, before):
+            raise AssertionError(f"rank {rank}: the input of length {n} was changed; return a new array")
+        got = np.asarray(got)
+        if got.shape != want.shape:
+            raise AssertionError(f"rank {rank}: for {n} values on {size} ranks the result has shape {got.shape}; "
+                                 f"my partition is chunk {rank} of numpy.array_split, shape {want.shape}"
+                                 + (" (the whole mean: reduce-scatter, do not all-reduce)" if got.size == n else ""))
+        if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
+            j = int(np.argmax(np.abs(got - want)))
+            hint = (" (the sum: divide by N = comm.Get_size())" if np.isclose(got[j], want[j] * size) else
+                    " (divided twice?)" if np.isclose(got[j] * size, want[j]) else "")
+            raise AssertionError(f"rank {rank}: element {j} of my partition of {n} values is {got[j]:.6f}, "
+                                 f"expected the mean over {size} ranks {want[j]:.6f}{hint}")
+        expected = ring_reduce_scatter_sent(n, 1, size, rank) * flat.itemsize
+        if comm.bytes_sent != expected:
+            all_reduce = expected + ring_all_gather_sent(n, 1, size, rank) * flat.itemsize
+            hint = (" (a reduce-scatter and an all-gather: that is a full all-reduce, whose second half sends "
+                    "partitions this rank does not keep)" if expected and comm.bytes_sent == all_reduce else "")
+            raise AssertionError(f"rank {rank}: sent {comm.bytes_sent} bytes to reduce-scatter {n} values on "
+                                 f"{size} ranks; one ring reduce-scatter sends {expected} (all but my chunk)"
+                                 + hint)
 
 
 EXERCISES = [
     Exercise("5.1", "partition", zero.partition, check_partition),
-    Exercise("5.2", "reduce_scatter_grad", zero.reduce_scatter_grad, check_reduce_scatter_grad, 3),
+    Exercise("5.2", "reduce_scatter_grad", zero.reduce_scatter_grad, check_reduce_scatter_grad, 3, groups=True),
 ]
