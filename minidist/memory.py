@@ -10,6 +10,9 @@ Model states, mixed-precision Adam as the ZeRO paper counts them (Rajbhandari et
 2 of gradients, K = 12 of fp32 master weights, momentum and variance per parameter:
 stage 0 (data parallelism) (2+2+K) Psi; 1: 4 Psi + K Psi/N; 2: 2 Psi + (2+K) Psi/N;
 3: (2+2+K) Psi/N. The paper's example, 7.5B on 64 devices: 120, 31.4, 16.6, 1.9 GB.
+With --tp t and --pp p each device holds Psi/(t p) of the parameters (tensor parallelism
+splits every matrix, the pipeline splits the layers; evenly, ignoring the few replicated
+ones such as layer norms), and the stages above apply to that share, N = N_d.
 
 Activations per layer (docs/reference.md#activation-memory-per-layer): 16-bit values,
 1-byte dropout masks, tp_formulas.korthikanti_layer_bytes for none; selective
@@ -62,7 +65,12 @@ def build_parser():
     for name, helptext in (("seq", "sequence length s"), ("batch", "micro-batch b"), ("hidden", "hidden size h"),
                            ("heads", "attention heads a"), ("layers", "layers L")):
         p.add_argument(f"--{name}", type=_positive(int), help=helptext)
-    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel size t (default 1)")
+    p.add_argument("--tp", type=_positive(int), default=1,
+                   help="tensor-parallel size t (default 1): divides the model states (Psi/t per device) "
+                        "and the activations")
+    p.add_argument("--pp", type=_positive(int), default=1,
+                   help="pipeline stages p (default 1): divides the model states (Psi/p per device); "
+                        "the activations stay those of the layers given")
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -72,7 +80,8 @@ def build_parser():
 def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    states = model_state_bytes(args.params, args.dp)
+    psi = args.params / (args.tp * args.pp)          # this device's share of the parameters
+    states = model_state_bytes(psi, args.dp)
     shape = [args.seq, args.batch, args.hidden, args.heads, args.layers]
     acts = None
     if any(v is not None for v in shape):
@@ -83,11 +92,13 @@ def main(argv=None):
         acts = {"per_layer": per_layer, "total": per_layer * args.layers, "tp": args.tp,
                 "sequence_parallel": args.sequence_parallel, "recompute": args.recompute}
     if args.json:
-        print(json.dumps({"params": args.params, "dp": args.dp,
+        print(json.dumps({"params": args.params, "dp": args.dp, "tp": args.tp, "pp": args.pp,
+                          "params_per_device": psi,
                           "bytes_per_device": {str(k): v for k, v in states.items()}, "activations": acts}))
         return 0
     print(f"model states per device, mixed-precision Adam (2 + 2 + {K_ADAM} bytes per parameter), "
-          f"Psi = {args.params:g}, N_d = {args.dp}")
+          f"Psi = {args.params:g}, N_d = {args.dp}"
+          + (f"; t = {args.tp} x p = {args.pp}: Psi/(t p) = {psi:g} per device" if args.tp * args.pp > 1 else ""))
     labels = {0: "data parallel", 1: "ZeRO stage 1", 2: "ZeRO stage 2", 3: "ZeRO stage 3"}
     formulas = {0: "(2+2+K) Psi", 1: "4 Psi + K Psi/N_d", 2: "2 Psi + (2+K) Psi/N_d", 3: "(2+2+K) Psi/N_d"}
     for s in range(4):

@@ -28,7 +28,9 @@ Composes with every strategy because it only repeats a forward:
 Policies for a stack of blocks (`Policy`, `run_blocks`), as GPT.set_recompute applies them:
 `none`; `full` (each block a checkpoint: keeps L block inputs, rebuilds one block at a
 time); `every-k` (a checkpoint per segment of k blocks, k = round(sqrt(L)) by default:
-L/k inputs kept plus k blocks rebuilt, least at k = sqrt(L), Chen et al.); `selective`
+L/k inputs kept plus k blocks rebuilt: (L/k) x + k A, least at k = sqrt(L x / A); Chen
+et al.'s sqrt(L) assumes x ~ A, while a transformer block's saves A are many times its
+input x, so full keeps less); `selective`
 (only the attention core, whose b*nh*T*T probabilities and mask are the 5as^2b term of
 Korthikanti et al. 2022, arXiv 2205.05198: cheap to rerun, large to keep).
 """

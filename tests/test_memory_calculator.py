@@ -31,7 +31,7 @@ def test_seed_70b_is_16_bytes_per_parameter():
 def test_json_shape():
     out = run("--params", "7.5e9", "--dp", "64", "--json")
     rep = json.loads(out.stdout)
-    assert set(rep) == {"params", "dp", "bytes_per_device", "activations"}
+    assert set(rep) == {"params", "dp", "tp", "pp", "params_per_device", "bytes_per_device", "activations"}
     assert set(rep["bytes_per_device"]) == {"0", "1", "2", "3"} and rep["activations"] is None
     assert rep["bytes_per_device"]["3"] == 16 * 7.5e9 / 64
     out = run("--params", "1e9", "--dp", "8", "--seq", "2048", "--batch", "1", "--hidden", "4096",
@@ -40,6 +40,17 @@ def test_json_shape():
     s, b, h, a, t = 2048, 1, 4096, 32, 2
     assert acts["per_layer"] == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
     assert acts["total"] == 4 * acts["per_layer"]
+
+
+def test_tp_and_pp_divide_the_model_states():
+    """Each device holds Psi/(t p): --tp 8 --pp 2 is the paper's accounting of Psi/16."""
+    rep = json.loads(run("--params", "7.5e9", "--dp", "64", "--tp", "8", "--pp", "2", "--json").stdout)
+    assert rep["params_per_device"] == 7.5e9 / 16 and (rep["tp"], rep["pp"]) == (8, 2)
+    want = model_state_bytes(7.5e9 / 16, 64)
+    assert {int(k): v for k, v in rep["bytes_per_device"].items()} == want
+    assert rep["bytes_per_device"]["0"] == 16 * 7.5e9 / 16
+    out = run("--params", "7.5e9", "--dp", "64", "--tp", "8")
+    assert out.returncode == 0 and f"{120 / 8:10.2f} GB" in out.stdout, out.stdout
 
 
 def test_activation_formulas_by_hand():

@@ -39,7 +39,10 @@ def check_input(args, cfg, world):
     pp = args.pp or world
     harness.need(pp <= world and world % pp == 0,
                  f"--pp {pp} must divide the {world} ranks of the world (the rest is data parallelism)")
-    v = args.chunks if args.schedule == "interleaved" else 1
+    harness.need(args.chunks is None or args.schedule == "interleaved",
+                 f"--chunks {args.chunks} applies to --schedule interleaved only (--schedule {args.schedule} "
+                 f"gives each rank one chunk)")
+    v = (args.chunks or 2) if args.schedule == "interleaved" else 1
     dp = world // pp
     if args.micro_batches is None:              # default: 8, or one sequence per micro-batch
         args.micro_batches = max(1, min(8, args.batch_size // dp))
@@ -193,8 +196,9 @@ def main(args):
         f"per micro-batch per boundary, each way")
     harness.table([[f"rank {r}", f"{got[r]:,}", f"{want[r]:,}", "equal" if got[r] == want[r] else "DIFFERENT"]
                    for r in range(world)], header=["", "measured", "formula", ""])
-    say(f"  whole pipeline: 2 (p v - 1) m b s h x {item} bytes = {2 * (pp * v - 1) * m * bsh * item * grid.dp:,}"
-        + (f" per replica x {grid.dp}" if grid.dp > 1 else "") + f"; measured {sum(got):,}")
+    per_replica = 2 * (pp * v - 1) * m * bsh * item
+    say(f"  whole pipeline: 2 (p v - 1) m b s h x {item} bytes = {per_replica:,}"
+        + (f" per replica x {grid.dp} = {per_replica * grid.dp:,}" if grid.dp > 1 else "") + f"; measured {sum(got):,}")
     say("  besides: one all-reduce of wte's gradient between the first and last stage, one of the squared "
         "norm for clipping, the loss broadcast from the last stage")
     bytes_ok = got == want
@@ -259,8 +263,8 @@ def build_parser():
     p.add_argument("--schedule", choices=schedules.NAMES, default="1f1b")
     p.add_argument("--micro-batches", type=harness.positive_int, metavar="M",
                    help="micro-batches per step and replica (default: 8, at most one sequence each)")
-    p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
-                   help="model chunks per rank for --schedule interleaved (default %(default)s)")
+    p.add_argument("--chunks", type=harness.positive_int, metavar="V",
+                   help="model chunks per rank for --schedule interleaved only (default 2)")
     p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
     p.add_argument("--trace", metavar="PATH", help="write the last step's timeline as Chrome trace JSON")
     p.add_argument("--lr", type=harness.positive_float, default=1e-3)

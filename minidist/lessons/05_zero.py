@@ -77,16 +77,19 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
         blocks = dp.max_in_flight * max(g.n for g in dp.groups)
     name = f"{stage}" + ((" overlap" if overlap else " naive") if stage == 2 else "")
     return dict(stage=stage, name=name, grad_peak=peak, grad_split=split,
-                grad_peak_formula=peak_grad_formula(stage, overlap, psi, world, item, args.grad_accum, root, blocks), rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
+                grad_peak_formula=peak_grad_formula(stage, overlap, psi, world, item, args.grad_accum, root, blocks,
+                                                    split["full"]), rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
                 losses=list(state["loss"]), mem=mem, formula=paper_memory(stage, psi, world, item),
                 sent=sent, exact=exact, paper=paper_sent(stage, psi, world, item, args.grad_accum, root),
                 psi=psi, root=root, time=float(common.mpi_reduce(comm, float(np.median(times)))))
 
 
-def peak_grad_formula(stage, overlap, psi, n, item, k, root, block):
+def peak_grad_formula(stage, overlap, psi, n, item, k, root, block, filling=0):
     """Gradient bytes alive at the peak of a step, by the stage's rule: (bytes, words).
     Stage 2 overlapped and stage 3 are bounds: the buckets or units alive at once depend on
-    where backward is when the peak comes."""
+    where backward is when the peak comes. filling (stage 2 overlapped): the full-size .grad
+    of the buckets still filling at the peak, measured (wte's, tied to the head, fills all
+    through backward), added so that the bound holds."""
     part = psi * item / n
     if stage == 0:
         return psi * item, "Psi: every rank holds the whole gradient"
@@ -97,7 +100,8 @@ def peak_grad_formula(stage, overlap, psi, n, item, k, root, block):
         return psi * item + extra, ("Psi" + (" + Psi/N" if k > 1 else "")
                                     + ": the whole gradient waits for backward's end" + (", beside my partition" if k > 1 else ""))
     if stage == 2:
-        return part + block * item, "Psi/N + at most 2 buckets in flight (+ the .grad of buckets still filling)"
+        return part + block * item + filling, (f"at most Psi/N + 2 buckets {fmt_bytes(part + block * item)}"
+                                               f" + filling {fmt_bytes(filling)} (measured)")
     return part + (root + block) * item, "at most Psi/N + root + one block (the root's wte waits for backward's end)"
 
 
@@ -149,7 +153,8 @@ def main(args):
     if over and naive:
         say(f"  stage 2 overlapped peaks at {over[0]['grad_peak'] / naive[0]['grad_peak']:.0%} of the naive version "
             "(largest over ranks): a bucket's full-size\n  gradient goes once its reduce-scatter is done, two at most "
-            "fly at once; wte's gradient, tied to the head, fills all through backward")
+            "fly at once; wte's gradient, tied to the head, fills all through backward\n  (the bound's filling "
+            "term: the full-size .grad of buckets still filling at the peak)")
     k = args.grad_accum
     labels = {0: "2 Psi", 1: "2 Psi", 2: f"{k} Psi + Psi" if k > 1 else "2 Psi", 3: f"{k} x (3 Psi - root)" if k > 1 else "3 Psi - root"}
     say("\ncommunication per step per rank, bytes sent: measured | ring's exact count | paper's (N-1)/N x what is sent")

@@ -44,7 +44,9 @@ def last_micro_batch(events):
 def draw_units(events, names, width=60):
     """One row per unit: G gathered (blocking), W waited for a prefetch, - held (its compute
     runs, or it waits for the next), R its gradients reduce-scattered, p a prefetch started,
-    . freed."""
+    . freed. A unit's compute can take less than one cell (a block's forward here is about
+    a millisecond, a cell span/width): the cell after its gather is drawn "-" all the same,
+    or the gather's last cell would swallow it."""
     t0, t1 = events[0][2], max(e[3] for e in events)
     span = max(t1 - t0, 1e-9)
     col = lambda t: min(width - 1, int((t - t0) / span * width))   # noqa: E731
@@ -59,18 +61,21 @@ def draw_units(events, names, width=60):
                 held[u] = col(b) + 1
         elif what == "prefetch":
             row[col(a)] = "p"
-        elif what == "free":
-            for c in range(held.pop(u, col(a)), col(a)):
+        elif what == "free":                      # a compute shorter than one cell still gets its "-"
+            start = held.pop(u, None)
+            end = col(a) if start is None else min(width - 1, max(col(a), start + 1))
+            for c in range(col(a) if start is None else start, end):
                 row[c] = "-" if row[c] == " " else row[c]
-            row[col(a)] = "."
+            row[end] = "."
     for u, c in held.items():                     # gathered to the end (no resharding)
         for k in range(c, width):
             rows[u][k] = "-" if rows[u][k] == " " else rows[u][k]
     for u, name in enumerate(names):
         say(f"  {name:<9}|{''.join(rows[u])}|")
     say(f"  {'':<9} 0 ms{'':>{width - 12}}{span * 1e3:6.1f} ms")
-    say("  G gather  W wait for a prefetch  p prefetch starts  - gathered (its forward or backward runs)\n"
-        "  R reduce-scatter of its gradients  . freed")
+    say("  G gather  W wait for a prefetch  p prefetch starts  - gathered (its forward or backward runs;\n"
+        f"  at least one cell, {span * 1e3 / width:.1f} ms, even when it ran shorter)  R reduce-scatter of its "
+        "gradients  . freed")
 
 
 def main(args):

@@ -111,6 +111,8 @@ def main(args):
     zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
     slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
     say("who holds what (tp varies fastest: a TP group is neighbouring ranks, one node's GPUs)")
+    say("  the order is tp, then pp, then dp (ProcessGrid), so each replica is one block of neighbouring ranks;\n"
+        "  Megatron-LM's default differs (tp, then dp, pipeline outermost) to keep DP groups near each other")
     role_table(grid, cfg, v, slot)
 
     rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
@@ -154,8 +156,15 @@ def main(args):
                           "clip norm"])
     bytes_ok = bool(np.array_equal(got_all, want_all))
     bsh = per_dp // m * cfg.block_size * cfg.n_embd
-    say(f"  TP sends (4 L_r + ends) m all-reduces of b*s*h = {bsh:,} values: the most, and every layer waits on them;"
-        f"\n  PP sends b*s*h per micro-batch per boundary; DP sends about 2x this rank's gradient once per step")
+    per_layer = 6 if args.recompute in ("full", "every-k") else 4       # the rerun repeats the 2 forward g's
+    if tp > 1:
+        say(f"  TP sends ({per_layer} L_r + ends) m all-reduces of b*s*h = {bsh:,} values"
+            + (f" ({args.recompute} recomputation reruns each layer's 2 forward all-reduces)" if per_layer == 6 else "")
+            + ": the most, and every layer waits on them;")
+    others = (["PP sends b*s*h per micro-batch per boundary"] if pp > 1 else []) + (
+        [f"DP sends 2(d-1)/d = {2 * (dp - 1) / dp:.3g}x this rank's gradient once per step"] if dp > 1 else [])
+    if others:
+        say("  " + "; ".join(others))
 
     # --- memory per rank by category (measured from the arrays after the last step)
     mem_rows = [sum(p.data.nbytes for p in stage.parameters()),

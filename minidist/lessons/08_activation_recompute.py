@@ -16,7 +16,8 @@ backward beside this engine's count for the policy (tp_formulas.recompute_peak_e
 the whole step's peak, Korthikanti et al.'s per-layer figure, the step time and its
 ratio to none, and how far the losses, raw gradients and weights are from none's (they
 must be equal: 1e-12). Then a sweep over n_layer shows the blocks' memory growing as L
-without recomputation and as sqrt(L) with a checkpoint every sqrt(L) blocks. With
+without recomputation and as sqrt(L) with a checkpoint every sqrt(L) blocks, and a scan over
+k at this L finds the k that keeps the least, beside sqrt(L x / A). With
 --tp the model is the tensor-parallel GPT of lesson 03: the rerun repeats the forward's
 collectives, and the bytes sent are held to expected_bytes(recomputed_layers=...).
 With --pp the model is lesson 07's 3D stage (tp x pp, dp 1; parallel_3d): each rank
@@ -54,6 +55,10 @@ def check_input(args, cfg, world):
                                    f"shows recomputation inside tensor and pipeline parallelism only (data "
                                    f"parallelism is lesson 02)")
     harness.need(pp <= cfg.n_layer, f"{pp} pipeline stages but only {cfg.n_layer} layers: every stage needs a layer")
+    fewest = cfg.n_layer // pp                      # the smallest stage's blocks (all of them without --pp)
+    harness.need(args.k is None or args.k <= fewest,
+                 f"--k {args.k} is more than the {fewest} blocks " + ("of the smallest stage" if pp > 1 else
+                 "of the model") + f": k > L would be one segment of all of them (--k {fewest} at most)")
     harness.need(pp == 1 or args.batch_size % args.micro_batches == 0,
                  f"--batch-size {args.batch_size} must split into --micro-batches {args.micro_batches} of equal size")
     harness.need(cfg.n_head % tp == 0, f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: "
@@ -207,7 +212,8 @@ def main(args):
                        for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
 
     # --- the sweep: L blocks without recomputation and with a checkpoint every sqrt(L)
-    say("\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints")
+    say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints (b={b}"
+        + (f", t={tp}" if tp > 1 else "") + ((", no pipeline: all L blocks on " + ("one tp group" if tp > 1 else "one rank")) if pp > 1 else "") + ")")
     sweep_rows, figures = [], {}
     for n in args.sweep:
         c = type(cfg)(**{**cfg.__dict__, "n_layer": n})
@@ -221,6 +227,28 @@ def main(args):
         figures.update({f"sweep_L{n}_none_bytes": none, f"sweep_L{n}_every_sqrt_L_bytes": every})
     harness.table(sweep_rows, header=["L", "k", "none", "none / L", "every-k", "every-k / sqrt(L)", "vs count"])
     say("  none / L stays constant (memory grows as L); every-k / sqrt(L) stays about constant (grows as sqrt(L))")
+
+    # --- which k keeps the least: every-k's (L/k) x + k A is least at k = sqrt(L x / A), not sqrt(L)
+    scan = []
+    for kk in range(1, L + 1):
+        got = blocks_peak(build(cfg, args.seed, tp_comm, "every-k", kk), b, args.seed)
+        ok &= bool(common.mpi_reduce(comm, float(got != count(cfg, "every-k", b, tp, kk))) == 0)
+        scan.append(got)
+    best = 1 + int(np.argmin(scan))
+    xb, Ab = b * s * h * item, count(cfg, "none", b, tp, None, n_layer=1)
+    say(f"\nevery-k at L={L} (b={b}" + (f", t={tp}" if tp > 1 else "") + (", no pipeline" if pp > 1 else "")
+        + "): the blocks' peak, measured (= count), for each k")
+    cells = [f"k={kk} {fmt_bytes(v)}" for kk, v in enumerate(scan, 1)]
+    for i in range(0, L, 6):
+        say("  " + ", ".join(cells[i:i + 6]))
+    say(f"  least at k = {best} measured; (L/k) x + k A is least at k = sqrt(L x / A) = sqrt({L} x {fmt_bytes(xb)} / "
+        f"{fmt_bytes(Ab)}) = {math.sqrt(L * xb / Ab):.2f},\n  not Chen's sqrt(L) = {math.sqrt(L):.2f}, which "
+        "assumes a checkpoint costs about a block's saves (x ~ A)."
+        + (" Here x << A: full (k = 1)\n  keeps the least, and every-k, at full's compute (every block rerun once), "
+           "lies between full and none in memory" if xb * L < 2.25 * Ab else ""))
+    figures.update({f"every_k_L{L}_k{kk}_bytes": v for kk, v in enumerate(scan, 1)})
+    figures["every_k_best_k_measured"] = best
+    figures["every_k_best_k_formula"] = math.sqrt(L * xb / Ab)
 
     for policy, r in runs.items():
         key = policy.replace("-", "_")

@@ -76,12 +76,11 @@ def fmt_bytes(n):
 # ----------------------------------------------------------------------------- flags
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors print once (rank 0) and exit 2 on every rank."""
+    """argparse whose errors print one line once (rank 0) and exit 2 on every rank."""
 
     def error(self, message):
-        if is_root():
-            self.print_usage(sys.stderr)
-            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        if is_root():                  # one line, as the lessons promise; the usage is under --help
+            print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr, flush=True)
         agreed_exit(EXIT_INPUT)
 
     def exit(self, status=0, message=None):  # --help prints once too

@@ -25,7 +25,7 @@ backward of one micro-batch on one stage taking f and b:
     naive (one micro-batch at a time)   (p-1)/p
     GPipe, 1F1B                         (p-1)/(m+p-1)
     interleaved 1F1B, v chunks          (p-1)/(v m + p-1)
-    ZB-H1 (b split into B and W)        (p-1)(f+B-W) of idle time per rank (Qi et al. 2023)
+    ZB-H1 (b split into B and W)        (p-1)(f+B-W) of idle time per rank (Qi et al. 2024)
 """
 from fractions import Fraction
 
@@ -102,7 +102,7 @@ def interleaved_1f1b(p, m, v):
 
 
 def zero_bubble_h1(p, m):
-    """ZB-H1 (Qi, Wan, Huang, Lin 2023): the backward split into B (input gradient, which the
+    """ZB-H1 (Qi, Wan, Huang, Lin 2024, arXiv 2401.10241): the backward split into B (input gradient, which the
     previous stage waits for) and W (weight gradient, which nobody waits for).
 
     Built by running the ranks in unit time steps (F = B = W = 1), each free rank taking,

@@ -178,7 +178,8 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
     - full / every-k (segments of k blocks): the forward keeps one input per segment;
       rebuilding segment j in backward adds its blocks' A while the inputs of segments
       0..j are still kept: max over j of (j + 1) x + (blocks of j) A. full (k = 1):
-      L x + A. k = sqrt(L): about 2 sqrt(L) (x + A) (Chen et al. 2016);
+      L x + A. About (L/k) x + k A, least at k = sqrt(L x / A); Chen et al. 2016's
+      k = sqrt(L) gives about sqrt(L) (x + A);
     - selective: each layer keeps q, k, v in place of the core's arrays (q/sqrt(hs),
       k, v, probabilities, mask); the last layer's rerun adds the core again beside its
       checkpoint's q, k, v (the meter counts an array once per node that saves it).

@@ -353,8 +353,10 @@ def paper_sent(stage, psi, size, itemsize, micro_batches=1, root=0, reshard=True
 def paper_memory(stage, psi, size, itemsize, k_bytes=None):
     """Bytes per rank by category, the paper's accounting for this run's dtype: weights and
     gradients of `itemsize` bytes, AdamW's m and v (2 itemsize per parameter, k_bytes to
-    override: 12 for mixed precision's fp32 master, m and v). Stage 1 keeps the whole local
-    gradient and its reduced partition; the reduced partition is all stages 2 and 3 keep."""
+    override: 12 for mixed precision's fp32 master, m and v). Stage 1's grads, Psi + Psi/N
+    (the whole local gradient and its reduced partition), are this implementation's choice
+    (DeepSpeed's stage 1 also keeps the local gradient): the paper counts Psi for stage 1.
+    The reduced partition is all stages 2 and 3 keep."""
     k_bytes = 2 * itemsize if k_bytes is None else k_bytes
     part = psi / size
     return {"params": itemsize * (part if stage == 3 else psi),
