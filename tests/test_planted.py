@@ -180,6 +180,10 @@ ALL_04 = {
     "04_warmup_off_by_one.py": {"4.2": "rank 0 holds 2 micro-batches' activations at once"},
     "04_backward_before_forward.py": {"4.1": "rank 0 runs B0 before F0"},
     "04_send_before_recv.py": {"4.1": None, "4.2": None, "4.3": "did not finish"},
+    "04_exchange_both_or_neither.py": {"4.3": "either of send and recv may be None (the first stage only sends, "
+                                              "the last only receives)"},
+    "04_exchange_send_tag.py": {"4.3": "(receive with recv's own source and tag: they are not send's dest and tag)"},
+    "04_exchange_no_dtype.py": {"4.3": "returned a float64 array; recv asks for float32"},
 }
 
 
@@ -200,6 +204,7 @@ ALL_08 = {
     "08_no_replay.py": {"8.2": "differs from the run without recomputation"},
     "08_saves_anyway.py": {"8.1": "bytes of activations while its output is alive"},
     "08_counter_moved.py": {"8.2": "put the counters back after the rerun"},
+    "08_records_then_detaches.py": {"8.1": "the graph was recorded, then dropped"},
 }
 
 
@@ -219,9 +224,14 @@ ALL_05 = {
     "05_average_twice.py": {"5.2": "divided twice?"},
     "05_full_all_reduce.py": {"5.2": "that is a full all-reduce"},
     "05_divide_by_4.py": {"5.2": "after passing on all 4 ranks"},
+    "05_reused_buffer.py": {"5.2": "changed when reduce_scatter_grad was called again with other gradients"},
+    "05_float32_result.py": {"5.2": "the result is float32, the gradient is float64"},
 }
 ALL_06 = {"06_good_student.py": {"6.1": None, "6.2": None},
-          "06_never_frees.py": {"6.1": None, "6.2": "still holds"}}
+          "06_never_frees.py": {"6.1": None, "6.2": "still holds"},
+          "06_free_keeps_ref.py": {"6.2": "still referenced after free_params: FSDP would free nothing"},
+          "06_gather_keeps_buffer.py": {"6.1": "still referenced after free_params: FSDP would free nothing"},
+          "06_free_no_dtype.py": {"6.2": "became float64; keep the unit's dtype float32"}}
 
 
 @pytest.mark.parametrize("exercise, files", [("05", ALL_05), ("06", ALL_06)])
@@ -235,7 +245,9 @@ def test_planted_05_06_zero_bugs_fail_at_4_ranks(tmp_path, exercise, files):
 
 ALL_07 = {"07_good_student.py": {"7.1": None, "7.2": None},
           "07_pp_fastest.py": {"7.1": "tp varies fastest", "7.2": "in tp_rank order"},
-          "07_off_by_one.py": {"7.1": None, "7.2": "returned [], expected [0]"}}
+          "07_off_by_one.py": {"7.1": None, "7.2": "returned [], expected [0]"},
+          "07_float_coords.py": {"7.1": "coordinates are integers, not float64"},
+          "07_group_set.py": {"7.2": "returned a set: a group is ordered"}}
 
 
 def test_planted_07_grid_bugs_fail_and_the_stubs_are_todo(tmp_path):

@@ -20,7 +20,8 @@ def gpipe(p, m):
     """GPipe: on every rank, the forwards of micro-batches 0..m-1, then their backwards 0..m-1.
 
     Return a list of p lists of ("F", i, 0) / ("B", i, 0) tuples. Every rank keeps all m
-    micro-batches' activations at the turn from forwards to backwards.
+    micro-batches' activations at the turn from forwards to backwards. The grader accepts
+    the backwards in any order (0..m-1, or m-1..0): each is valid with the same bubble.
     """
     raise NotImplementedError("exercise 4.1: gpipe")
 
@@ -44,5 +45,9 @@ def exchange(comm, send=None, recv=None):
     activations forward, the other gradients back): make sure neither waits for the other.
     The grader's Send waits until the matching receive is posted, as MPI allows any Send to.
     Use the buffer methods comm.Irecv / comm.Isend (or Send / Recv) and req.Wait().
+    Either of send and recv may be None (the first stage only sends, the last only
+    receives); receive from recv's source with recv's tag (not send's dest and tag), into
+    a new array of recv's dtype on every call. The grader refuses a message to or from
+    another rank or tag than the call names.
     """
     raise NotImplementedError("exercise 4.3: exchange")

@@ -33,6 +33,8 @@ def reduce_scatter_grad(comm, flat):
     Return a new array: chunk `rank` of numpy.array_split(sum over ranks / N, N), where
     N = comm.Get_size(). Use ring_reduce_scatter(comm, x, op="sum"), which returns this
     rank's chunk of the sum: the grader holds you to its bytes, (n - my chunk) values, so
-    an all-reduce followed by a slice (twice the bytes) fails. Leave `flat` unchanged.
+    an all-reduce followed by a slice (twice the bytes) fails. Leave `flat` unchanged; keep
+    its dtype; return a new array on every call (the grader calls again with the same n and
+    checks the first result did not change).
     """
     raise NotImplementedError("exercise 5.2: reduce_scatter_grad")

@@ -22,8 +22,9 @@ def gather_params(comm, group):
     ring_all_gather(comm, group.shard) joins every rank's shard in rank order (pieces may
     differ by one element): the unit's whole flat buffer of group.n values. Then
     group.point(full) makes each parameter (group.params) a view of its part of it: views,
-    not copies, so the unit is held once. Leave group.shard unchanged. The grader holds
-    you to one ring all-gather's bytes.
+    not copies, so the unit is held once. Leave group.shard unchanged, and keep no other
+    reference to the buffer (free_params must be able to free it). The grader holds you
+    to one ring all-gather's bytes.
     """
     raise NotImplementedError("exercise 6.1: gather_params")
 
@@ -31,6 +32,8 @@ def gather_params(comm, group):
 def free_params(group):
     """Free a gathered unit: point every parameter of group.params at an empty array of
     the unit's dtype (group.dtype), so nothing keeps the gathered buffer alive. Local: no
-    messages. (The package shares one empty array per dtype.)
+    messages. (The package shares one empty array per dtype.) Keep no reference to the
+    buffer or its views (a global, a list, the group): the grader checks, with a weakref
+    and gc.collect(), that the buffer is gone after free_params.
     """
     raise NotImplementedError("exercise 6.2: free_params")

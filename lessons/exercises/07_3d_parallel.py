@@ -15,7 +15,8 @@ def grid_coords(rank, tp, pp, dp):
     """(dp_rank, pp_rank, tp_rank) of world rank `rank` on a tp x pp x dp grid.
 
     tp varies fastest, dp slowest: rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank.
-    Example: tp=2, pp=2, dp=2: rank 5 -> (1, 0, 1); rank 6 -> (1, 1, 0).
+    Example: tp=2, pp=2, dp=2: rank 5 -> (1, 0, 1); rank 6 -> (1, 1, 0). Integers (// and
+    %), not floats such as 1.0.
     """
     raise NotImplementedError("exercise 7.1: grid_coords")
 
@@ -26,6 +27,6 @@ def grid_group(rank, kind, tp, pp, dp):
 
     The members share every coordinate with `rank` except the one of `kind`.
     Example: tp=2, pp=2, dp=2, rank 5: "tp" -> [4, 5], "pp" -> [5, 7], "dp" -> [1, 5].
-    Any other kind is a ValueError.
+    Integer members, in a list (not a set). Any other kind is a ValueError.
     """
     raise NotImplementedError("exercise 7.2: grid_group")

@@ -26,7 +26,8 @@ def checkpoint_forward(fn, inputs):
     inputs: a list of Tensors and other values (a DropoutRNG, ...). counters: the
     dropout counters of the inputs (dropout_counters(inputs)), taken BEFORE fn runs:
     fn's dropout layers advance them, and the backward must replay the same masks.
-    Under no_grad() the ops keep nothing for backward.
+    Under no_grad() the ops keep nothing for backward (the grader reads the meter's peak
+    while fn runs: recording a graph and dropping it afterwards FAILS).
     """
     raise NotImplementedError("exercise 8.1: checkpoint_forward")
 

@@ -4,7 +4,8 @@ Serial, float64, on one GPT block with dropout (three masks per call). Each chec
 the function to grade into the package's Checkpoint beside the package's other half, so
 a student's forward is graded with a correct backward and the other way round:
 - 8.1: the output equals the block's; the meter (MEMORY) holds nothing more while the
-  output is alive (activations not kept); the counters are the ones before fn ran;
+  output is alive (activations not kept), and its peak while fn ran is where it started
+  (a graph recorded and then dropped, Tensor(out.data), FAILS); the counters are the ones before fn ran;
 - 8.2: the input's and every parameter's gradient equal the block's without
   recomputation, exactly (same arithmetic, same masks); the DropoutRNG counter is back
   where it was when the backward returns; a non-scalar gradient works.
@@ -67,12 +68,17 @@ def check_checkpoint_forward(fn):
     rng = DropoutRNG(0, 0, range(B))
     x = leaf.reshape(leaf.shape)
     before = MEMORY.live_bytes
+    MEMORY.reset_peak()
     result = fn(block, [x, rng])
+    during = MEMORY.peak_bytes - before
     if not isinstance(result, tuple) or len(result) != 2:
         raise AssertionError("return (output Tensor, counters)")
     out, counters = result
     _same("the output", out, want_y)
     kept = MEMORY.live_bytes - before
+    if during and not kept:
+        raise AssertionError(f"while fn ran, its ops saved up to {during} bytes of activations for a backward (the "
+                             f"graph was recorded, then dropped): run fn under no_grad(), so that they save nothing")
     if kept:
         raise AssertionError(f"the forward keeps {kept} bytes of activations while its output is alive: run fn "
                              f"under no_grad(), so that its ops save nothing")
