@@ -48,7 +48,10 @@ def check_input(args, cfg, world):
     dp = args.dp or world // (tp * pp)
     harness.need(cfg.n_head % tp == 0, f"--tp {tp} must divide the {cfg.n_head} heads (--n-head): "
                                        f"each tensor-parallel rank takes whole heads")
-    v = args.chunks if args.schedule == "interleaved" else 1
+    harness.need(args.chunks is None or args.schedule == "interleaved",
+                 f"--chunks {args.chunks} applies to --schedule interleaved only (--schedule {args.schedule} "
+                 f"gives each rank one chunk)")
+    v = (args.chunks or 2) if args.schedule == "interleaved" else 1
     harness.need(pp * v <= cfg.n_layer, f"{pp * v} pipeline stages but only {cfg.n_layer} layers: every stage "
                                         f"needs a layer (--n-layer {pp * v} or more, or a smaller --pp)")
     if args.micro_batches is None:
@@ -234,8 +237,8 @@ def build_parser():
     p.add_argument("--schedule", choices=schedules.NAMES, default="1f1b")
     p.add_argument("--micro-batches", type=harness.positive_int, metavar="M",
                    help="micro-batches per step and replica (default: up to 4)")
-    p.add_argument("--chunks", type=harness.positive_int, default=2, metavar="V",
-                   help="model chunks per rank for --schedule interleaved (default %(default)s)")
+    p.add_argument("--chunks", type=harness.positive_int, metavar="V",
+                   help="model chunks per rank for --schedule interleaved only (default 2)")
     p.add_argument("--recompute", choices=recompute.POLICIES, default="none",
                    help="activation recomputation of each stage's blocks (lesson 08; default none)")
     p.add_argument("--k", type=harness.positive_int, help="blocks per checkpoint for --recompute every-k "
