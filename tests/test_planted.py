@@ -205,6 +205,7 @@ ALL_08 = {
     "08_saves_anyway.py": {"8.1": "bytes of activations while its output is alive"},
     "08_counter_moved.py": {"8.2": "put the counters back after the rerun"},
     "08_records_then_detaches.py": {"8.1": "the graph was recorded, then dropped"},
+    "08_tensor_grads_only.py": {"8.2": "return one gradient per input"},
 }
 
 

@@ -96,7 +96,16 @@ def check_checkpoint_backward(fn):
     want_y, want_gx, want_gp = _plain()
     block, leaf, grad = _setup()
     rng = DropoutRNG(0, 0, range(B))
-    with _plugged("checkpoint_backward", fn):
+    def one_per_input(fn_, inputs, counters, grad_):
+        out = fn(fn_, inputs, counters, grad_)
+        if not isinstance(out, (list, tuple)) or len(out) != len(inputs):
+            raise AssertionError(f"checkpoint_backward returned {type(out).__name__}"
+                                 + (f" of {len(out)}" if hasattr(out, "__len__") else "")
+                                 + f" for {len(inputs)} inputs: return one gradient per input, None for "
+                                 "an input that is not a Tensor (the rng here)")
+        return out
+
+    with _plugged("checkpoint_backward", one_per_input):
         y = recompute.checkpoint(block, leaf.reshape(leaf.shape), rng)
         rng.calls += 4                     # the layers after this block draw their masks too
         calls = rng.calls
