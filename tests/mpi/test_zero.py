@@ -17,35 +17,19 @@ import pytest
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.data import Dataset, default_corpus, shard_slice
+from minidist.data import shard_slice
 from minidist.lessons import common, harness
-from minidist.model import GPT, GPTConfig
 from minidist.parallel import zero as zero_module
 from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
-from minidist.train import TrainConfig
+from sharded_setup import ACCUM, BATCH, Setup
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
-BATCH, ACCUM = 2 * 24, 2       # 48 divides by 1, 2, 3, 4, 8 ranks x 2 micro-batches
-CFG = GPTConfig(block_size=9, vocab_size=256, n_layer=2, n_head=2, n_embd=10, dtype="float64")
-DATA = Dataset.from_text(default_corpus()[:20_000], block_size=9, seed=5)
-ARGS = SimpleNamespace(steps=3, batch_size=BATCH, seed=7)
-TC = TrainConfig(batch_size=BATCH, max_iters=3, learning_rate=3e-3, warmup_iters=1, grad_clip=0.05)
-_REF = {}
-
-
-def fresh():
-    model = GPT(CFG, seed=11)
-    return model, model.configure_optimizers(TC.weight_decay, TC.learning_rate, (TC.beta1, TC.beta2))
-
-
-def reference():
-    if not _REF:
-        m, o = fresh()
-        _REF["losses"], _REF["state"], _ = common.train_and_collect(m, o, DATA, ARGS, TC, micro=ACCUM)
-    return _REF["losses"], _REF["state"]
+SETUP = Setup(n_layer=2)
+CFG, DATA, ARGS, TC = SETUP.cfg, SETUP.data, SETUP.args, SETUP.tc
+fresh, reference = SETUP.fresh, SETUP.reference
 
 
 def run(**kw):
