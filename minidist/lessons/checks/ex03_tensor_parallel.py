@@ -182,32 +182,29 @@ def check_f_forward(fn, session=None):
                    _bytes_problem(comm, [], f"f's forward of {shape}", "f's forward is the identity"))
 
 
-def check_f_backward(fn, session=None):
+def _check_sum(fn, session, seed, name, of, only_mine, words):
+    """f's backward and g's forward are the same computation (the sum of every rank's part,
+    one all-reduce), checked in each one's own words."""
     with own_session(session) as s:
         r, n = s.rank(), s.size()
         for shape in SHAPES:
-            parts = _parts(shape, n, 11)                 # rank k's part of dX: (dY_k) A_k^T
-            want = sum(parts)
+            parts = _parts(shape, n, seed)
             got, comm = _call(s, fn, parts[r])
-            _raise(_mismatch(got, want, f"rank {r}: f's backward of a gradient of shape {shape}",
-                             [(parts[r], "this rank's part only: f's backward sums the parts of all ranks")]),
-                   _bytes_problem(comm, [int(np.prod(shape))], f"f's backward of {shape}",
-                                  "one all-reduce of the gradient"))
-            _same_everywhere(s, got, f"f's backward of {shape}")
+            _raise(_mismatch(got, sum(parts), f"rank {r}: {name} of {of} of shape {shape}", [(parts[r], only_mine)]),
+                   _bytes_problem(comm, [int(np.prod(shape))], f"{name} of {shape}", words))
+            _same_everywhere(s, got, f"{name} of {shape}")
+
+
+def check_f_backward(fn, session=None):
+    # rank k's part of dX: (dY_k) A_k^T
+    _check_sum(fn, session, 11, "f's backward", "a gradient",
+               "this rank's part only: f's backward sums the parts of all ranks", "one all-reduce of the gradient")
 
 
 def check_g_forward(fn, session=None):
-    with own_session(session) as s:
-        r, n = s.rank(), s.size()
-        for shape in SHAPES:
-            parts = _parts(shape, n, 12)                 # rank k's partial sum X_k A_k
-            want = sum(parts)
-            got, comm = _call(s, fn, parts[r])
-            _raise(_mismatch(got, want, f"rank {r}: g's forward of x of shape {shape}",
-                             [(parts[r], "this rank's partial sum only: g's forward adds the parts")]),
-                   _bytes_problem(comm, [int(np.prod(shape))], f"g's forward of {shape}",
-                                  "one all-reduce of the activation"))
-            _same_everywhere(s, got, f"g's forward of {shape}")
+    # rank k's partial sum X_k A_k
+    _check_sum(fn, session, 12, "g's forward", "x", "this rank's partial sum only: g's forward adds the parts",
+               "one all-reduce of the activation")
 
 
 def check_g_backward(fn, session=None):
