@@ -213,10 +213,7 @@ def build_parser():
     p.add_argument("--naive", action="store_true", help="all-reduce each gradient after backward (no buckets)")
     p.add_argument("--bucket-mb", type=harness.positive_float, default=0.25,
                    help="bucket size in MiB (default %(default)s; PyTorch DDP uses 25 for big models)")
-    p.add_argument("--grad-accum", type=harness.positive_int, default=1,
-                   help="micro-batches per rank per step, one all-reduce per step (default %(default)s)")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5, help="clip the global gradient norm (0: off)")
+    common.add_step_flags(p, grad_accum=True)
     p.add_argument("--timing-reps", type=harness.positive_int, default=5, help="repeats of the timing comparison")
     p.add_argument("--peak-tflops", type=harness.positive_float, help="peak TFLOP/s per rank for MFU instead of measuring it")
     return p

@@ -214,9 +214,7 @@ def build_parser():
     p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="layer norms and dropout on a slice of the sequence (Korthikanti et al. 2022)")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5,
-                   help="clip the global gradient norm (0: off)")
+    common.add_step_flags(p)
     p.add_argument("--generate", type=harness.nonnegative_int, default=0, metavar="N",
                    help="then decode N tokens greedily with a KV cache, sharded and in one process")
     return p

@@ -267,8 +267,7 @@ def build_parser():
                    help="model chunks per rank for --schedule interleaved only (default 2)")
     p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
     p.add_argument("--trace", metavar="PATH", help="write the last step's timeline as Chrome trace JSON")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.positive_float, default=0.5, help="clip the global gradient norm")
+    common.add_step_flags(p, clip_off=False)
     return p
 
 

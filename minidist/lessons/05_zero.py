@@ -203,9 +203,7 @@ def build_parser():
     p.add_argument("--overlap", action="store_true",
                    help="stage 2: only the overlapped version (buckets reduce-scattered during backward)")
     p.add_argument("--bucket-kb", type=harness.positive_int, default=64, help="stage 2 bucket size in KiB")
-    p.add_argument("--grad-accum", type=harness.positive_int, default=1, help="micro-batches per rank per step")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5)
+    common.add_step_flags(p, grad_accum=True)
     return p
 
 

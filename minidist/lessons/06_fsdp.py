@@ -198,9 +198,7 @@ def build_parser():
     p.add_argument("--prefetch", dest="prefetch", action="store_true", default=True,
                    help="start the next unit's all-gather while this one computes (default)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="gather each unit when it is needed")
-    p.add_argument("--grad-accum", type=harness.positive_int, default=1, help="micro-batches per rank per step")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5)
+    common.add_step_flags(p, grad_accum=True)
     return p
 
 

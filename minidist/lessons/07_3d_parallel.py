@@ -243,8 +243,7 @@ def build_parser():
                    help="activation recomputation of each stage's blocks (lesson 08; default none)")
     p.add_argument("--k", type=harness.positive_int, help="blocks per checkpoint for --recompute every-k "
                                                            "(default round(sqrt(L_r)), L_r the stage's layers)")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.positive_float, default=0.5, help="clip the global gradient norm")
+    common.add_step_flags(p, clip_off=False)
     return p
 
 

@@ -298,8 +298,7 @@ def build_parser():
     p.add_argument("--micro-batches", type=harness.positive_int, default=4, metavar="M",
                    help="micro-batches per step with --pp (default %(default)s)")
     p.add_argument("--sweep", type=layer_list, default=[4, 9, 16], help="layer counts of the sweep (default 4,9,16)")
-    p.add_argument("--lr", type=harness.positive_float, default=1e-3)
-    p.add_argument("--grad-clip", type=harness.nonnegative_float, default=0.5, help="clip the global gradient norm (0: off)")
+    common.add_step_flags(p)
     return p
 
 

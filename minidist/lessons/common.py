@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from minidist.lessons.harness import InputError, need, positive_int
+from minidist.lessons.harness import InputError, need, nonnegative_float, positive_float, positive_int
 
 
 def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
@@ -27,6 +27,17 @@ def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size
     g.add_argument("--dropout", type=float, default=dropout, help="dropout probability in [0, 1)")
     g.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: Python stdlib source)")
     return g
+
+
+def add_step_flags(p, grad_accum=False, clip_off=True):
+    """The optimizer step's flags: --lr, --grad-clip and, where the lesson accumulates,
+    --grad-accum. clip_off=False: a lesson whose figures need clipping on (0 refused)."""
+    if grad_accum:
+        p.add_argument("--grad-accum", type=positive_int, default=1,
+                       help="micro-batches per rank per step, one gradient sync per step (default %(default)s)")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default %(default)s)")
+    p.add_argument("--grad-clip", type=nonnegative_float if clip_off else positive_float, default=0.5,
+                   help="clip the global gradient norm" + (" (0: off)" if clip_off else "") + " (default %(default)s)")
 
 
 def config_from_args(args, ranks=1):
