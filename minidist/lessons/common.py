@@ -8,11 +8,11 @@ difference left is the strategy under test. What they are compared on is the rul
 and the final weights.
 """
 import math
-import os
 
 import numpy as np
 
-from minidist.lessons.harness import InputError, need, nonnegative_float, positive_float, positive_int
+from minidist.lessons.harness import (InputError, need, nonnegative_float, physical_memory, positive_float,
+                                      positive_int)
 
 
 def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
@@ -55,7 +55,7 @@ def config_from_args(args, ranks=1):
     except ValueError as e:
         raise InputError(str(e))
     need_bytes = activation_bytes(cfg, max(1, args.batch_size // ranks)) * ranks
-    have = _physical_memory()
+    have = physical_memory()
     need(have is None or need_bytes < 0.8 * have,
          f"this shape needs about {need_bytes / 2**30:.1f} GiB for activations on {ranks} rank(s), more than "
          f"this machine's {(have or 0) / 2**30:.1f} GiB: use a smaller --block-size, --batch-size or model")
@@ -82,13 +82,6 @@ def activation_bytes(cfg, batch):
     B, T, C = batch, cfg.block_size, cfg.n_embd
     per_layer = 20 * B * T * C + 2 * B * cfg.n_head * T * T
     return (cfg.n_layer * per_layer + 2 * B * T * cfg.vocab_size) * np.dtype(cfg.dtype).itemsize
-
-
-def _physical_memory():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def load_dataset(args, comm=None):

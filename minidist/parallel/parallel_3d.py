@@ -36,6 +36,7 @@ import numpy as np
 
 from minidist.backend import xp
 from minidist.comm import all_reduce, stats
+from minidist.optim import grad_norm_sq
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
 from minidist.parallel.tp_formulas import dp_all_reduce_bytes, expected_bytes, ring_all_reduce_sent
@@ -136,8 +137,7 @@ class Parallel3D:
             mine = [q for q in held if id(owner[id(q)]) in self.counted]
             sq = self.zero.grad_norm_sq(mine)      # my partitions, summed over dp
         else:
-            sq = sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in held
-                     if p.grad is not None and id(p) in self.counted)
+            sq = grad_norm_sq([p for p in held if id(p) in self.counted])
         with self._measured("clip"):
             for comm in (self.grid.tp_comm, self.grid.pp_comm):
                 if comm.Get_size() > 1:

@@ -39,6 +39,7 @@ from minidist.comm import all_reduce, broadcast, stats
 from minidist.comm.watchdog import waiting
 from minidist.nn import Module, ModuleDict
 from minidist.ops import cross_entropy
+from minidist.optim import grad_norm_sq
 from minidist.parallel import schedules
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
@@ -307,8 +308,7 @@ class PipelineParallel:
         """The whole model's squared gradient norm: every stage's part, wte counted once."""
         m = self.model
         skip = {id(m.transformer.wte.weight)} if m.last and not m.first else set()
-        sq = sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in params
-                 if p.grad is not None and id(p) not in skip)
+        sq = grad_norm_sq([p for p in params if id(p) not in skip])
         return float(all_reduce(self.comm, np.array([sq]))[0]) if m.p > 1 else sq
 
 

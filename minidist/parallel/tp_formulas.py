@@ -20,26 +20,22 @@ def ring_all_reduce_sent(n, size, rank):
     reduce-scatter, every chunk but its right neighbour's in the all-gather."""
     if size == 1:
         return 0
-    b = _bounds(n, size)
+    b = chunk_bounds(n, size)
     mine, right = b[rank + 1] - b[rank], b[(rank + 1) % size + 1] - b[(rank + 1) % size]
     return (n - mine) + (n - right)
 
 
 def ring_reduce_scatter_sent(rows, row, size, rank):
     """Elements sent to reduce-scatter `rows` rows of `row` elements: all but my chunk."""
-    b = _bounds(rows, size)
+    b = chunk_bounds(rows, size)
     return (rows - (b[rank + 1] - b[rank])) * row
 
 
 def ring_all_gather_sent(rows, row, size, rank):
     """Elements sent to all-gather pieces of `rows` rows in all: all but my right neighbour's."""
-    b = _bounds(rows, size)
+    b = chunk_bounds(rows, size)
     nxt = (rank + 1) % size
     return (rows - (b[nxt + 1] - b[nxt])) * row
-
-
-def _bounds(n, size):
-    return chunk_bounds(n, size)
 
 
 def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, recomputed_layers=0, stage=None):

@@ -25,6 +25,7 @@ from minidist import ops, recompute
 from minidist.backend import to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
+from minidist.optim import grad_norm_sq
 from minidist.parallel.sequence_parallel import sequence_bounds
 from minidist.parallel import tensor_parallel
 from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG,
@@ -160,8 +161,8 @@ class ParallelBlock(Module):
 
 
 class VocabParallelEmbedding(Module):
-    def __init__(self, weight, lo, vocab_size):
-        self.weight, self.lo, self.vocab_size = weight, lo, vocab_size
+    def __init__(self, weight, lo):
+        self.weight, self.lo = weight, lo
 
     def forward(self, idx):
         return vocab_parallel_embedding(idx, self.weight, self.lo)
@@ -195,7 +196,7 @@ class TensorParallelGPT(Module):
         tr = full.transformer
         self.lo, _ = vocab_range(cfg.vocab_size, t, r)
         self.transformer = ModuleDict(
-            wte=VocabParallelEmbedding(take("transformer.wte.weight"), self.lo, cfg.vocab_size),
+            wte=VocabParallelEmbedding(take("transformer.wte.weight"), self.lo),
             wpe=tr.wpe,
             h=ModuleList([ParallelBlock(b, lambda n, i=i: take(f"transformer.h.{i}." + n), comm)
                           for i, b in enumerate(tr.h)]),
@@ -262,9 +263,6 @@ class TensorParallelGPT(Module):
     def greedy_token(self, logits):
         """The greedy token from my vocabulary's logits (B, V/t): the same id on every rank."""
         return vocab_parallel_argmax(logits, self.lo, self.config.vocab_size, self.comm)
-
-    def sharded_names(self):
-        return set(self.specs)
 
     def replicated_names(self):
         return [n for n, _ in self.named_parameters() if n not in self.specs]
@@ -357,8 +355,6 @@ class TensorParallelSync:
 
     def grad_norm_sq(self, params):
         sharded = {id(p) for n, p in self.model.named_parameters() if n in self.model.specs}
-        sq = {True: 0.0, False: 0.0}                  # sharded, replicated
-        for p in params:
-            if p.grad is not None:
-                sq[id(p) in sharded] += float(xp.vdot(p.grad.ravel(), p.grad.ravel()))
-        return float(tensor_parallel._all_reduce(self.model.comm, np.array([sq[True]]))[0]) + sq[False]
+        mine = grad_norm_sq([p for p in params if id(p) in sharded])       # this rank's shards
+        replicated = grad_norm_sq([p for p in params if id(p) not in sharded])
+        return float(tensor_parallel._all_reduce(self.model.comm, np.array([mine]))[0]) + replicated

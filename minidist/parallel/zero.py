@@ -34,7 +34,7 @@ from mpi4py import MPI
 from minidist.comm import ring_all_gather, ring_reduce_scatter
 from minidist.comm.nonblocking import ring_reduce_scatter_start
 from minidist.nn import Parameter
-from minidist.optim import AdamW
+from minidist.optim import AdamW, grad_norm_sq
 from minidist.parallel.data_parallel import assign_buckets
 from minidist.tensor import backward_step_callback
 
@@ -219,7 +219,7 @@ class ZeRO:
         self._note_grads()                          # naive: every full-size gradient is alive now
         for g in self.groups:                       # naive: now, bucket after bucket
             if not self.overlap or self.pending[id(g)] > 0:
-                self._reduce(g, self.comm.Get_size())
+                self._reduce(g)
         while self.in_flight:
             self._collect(0)
         self._note_grads()
@@ -245,8 +245,9 @@ class ZeRO:
         g, h = self.in_flight.pop(i)
         g.add_grad(h.wait() / self.comm.Get_size())
 
-    def _reduce(self, g, n):
-        g.add_grad(reduce_scatter_grad(self.comm, g.flat_grads()))
+    def _reduce(self, g):
+        from minidist.parallel.fsdp import reduce_grads     # FSDP's units reduce the same way
+        reduce_grads(self.comm, g)
         self._note_grads()
 
     def sync(self):
@@ -264,7 +265,7 @@ class ZeRO:
     def grad_norm_sq(self, held):
         """The whole gradient's squared norm: my pieces' squares, summed over ranks (MPI's
         own Allreduce of one float64: bookkeeping, not counted with the stage's traffic)."""
-        mine = np.array([sum(float(np.vdot(q.grad, q.grad)) for q in held if q.grad is not None)])
+        mine = np.array([grad_norm_sq(held)])
         out = np.empty(1)
         self.comm.Allreduce(mine, out, op=MPI.SUM)
         return float(out[0])
