@@ -1,7 +1,7 @@
 """The lesson-00 checks pass the package's own answers and catch wrong ones."""
 import pytest
 
-from minidist.lessons.checks.ex00_autograd import EXERCISES
+from minidist.grader.checks.ex00_autograd import EXERCISES
 
 
 def _doubled(fn):

@@ -1,7 +1,7 @@
 """The lesson-07 checks pass the package's own answers and catch the usual wrong ones."""
 import pytest
 
-from minidist.lessons.checks.ex07_3d_parallel import EXERCISES, check_coords, check_group, factorisations
+from minidist.grader.checks.ex07_3d_parallel import EXERCISES, check_coords, check_group, factorisations
 
 
 def test_factorisations_of_8_are_every_tp_pp_dp():

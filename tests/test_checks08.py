@@ -2,7 +2,7 @@
 import pytest
 
 from minidist import recompute
-from minidist.lessons.checks.ex08_activation_recompute import EXERCISES
+from minidist.grader.checks.ex08_activation_recompute import EXERCISES
 from minidist.tensor import Tensor
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minidist import grade, referee
-from minidist.lessons.checks import ex00_autograd
+from minidist.grader import command as grade, referee
+from minidist.grader.checks import ex00_autograd
 
 ROOT = Path(__file__).resolve().parents[1]
 STUBS = ROOT / "lessons" / "exercises" / "00_autograd.py"

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from minidist import ops
-from minidist.lessons.checks.ex00_autograd import assert_close, central_difference
+from minidist.grader.checks.ex00_autograd import assert_close, central_difference
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 

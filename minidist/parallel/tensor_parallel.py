@@ -47,7 +47,7 @@ def _all_reduce(comm, a, op="sum"):
 
 # On arrays, one function per direction: these are what the Functions below (and the
 # parallel layers) call, and what exercises 3.1-3.4 ask for
-# (lessons/exercises/03_tensor_parallel.py, graded by minidist/lessons/checks/ex03_tensor_parallel.py).
+# (lessons/exercises/03_tensor_parallel.py, graded by minidist/grader/checks/ex03_tensor_parallel.py).
 
 
 def f_forward(comm, x):

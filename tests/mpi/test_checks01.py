@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from minidist.comm import collectives
-from minidist.lessons.checks import ex01_collectives as ex01
-from minidist.lessons.checks.counting import Session
+from minidist.grader.checks import ex01_collectives as ex01
+from minidist.grader.counting import Session
 
 pytestmark = pytest.mark.mpi
 

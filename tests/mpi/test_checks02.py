@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minidist.comm import ring_all_reduce
-from minidist.lessons.checks import ex02_data_parallel as ex02
+from minidist.grader.checks import ex02_data_parallel as ex02
 from minidist.parallel import data_parallel
 
 pytestmark = pytest.mark.mpi

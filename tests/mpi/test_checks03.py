@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minidist.comm import all_reduce, ring_all_gather
-from minidist.lessons.checks import ex03_tensor_parallel as ex03
+from minidist.grader.checks import ex03_tensor_parallel as ex03
 from minidist.parallel import tensor_parallel as tp
 
 pytestmark = pytest.mark.mpi

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from minidist.lessons.checks import ex04_pipeline_parallel as ex04
+from minidist.grader.checks import ex04_pipeline_parallel as ex04
 from minidist.parallel import pipeline_parallel
 
 pytestmark = pytest.mark.mpi

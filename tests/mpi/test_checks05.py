@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minidist.comm import ring_all_reduce, ring_reduce_scatter
-from minidist.lessons.checks import ex05_zero as ex05, ex06_fsdp as ex06
+from minidist.grader.checks import ex05_zero as ex05, ex06_fsdp as ex06
 from minidist.parallel import zero
 
 pytestmark = pytest.mark.mpi

@@ -2,7 +2,7 @@
 
 Every rank builds every rank's input from a fixed seed, so the expected answer is one
 process's NumPy computation, with no messages. The student's function gets a
-CountingComm (minidist/lessons/checks/counting.py): point-to-point only, so a call of
+CountingComm (minidist/grader/counting.py): point-to-point only, so a call of
 comm.Allreduce (or any collective) fails with "use Send/Recv/Sendrecv: this exercise
 builds the collective itself"; and counted, so each call is held to the ring's bytes:
 
@@ -21,7 +21,7 @@ chunk: above MPI's eager limit a Send waits for its matching receive, so a ring 
 ranks all Send before they Recv deadlocks here (with tiny arrays it would pass).
 
 A check raises on the rank that sees the problem; the grader agrees the verdicts of all
-ranks and stops the ones left waiting (minidist/grade.py).
+ranks and stops the ones left waiting (minidist/grader/command.py).
 """
 import hashlib
 
@@ -29,8 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import collectives
-from minidist.lessons.checks import Exercise, own_session, world_then_groups
-from minidist.lessons.checks.counting import Misuse
+from minidist.grader.checks import Exercise, own_session, world_then_groups
+from minidist.grader.counting import Misuse
 
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"

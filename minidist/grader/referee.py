@@ -1,7 +1,7 @@
 """The referee of one check on every rank: run it in a thread, hear every rank's outcome,
 agree on one verdict, and free whatever a stopped check left blocked in MPI.
 
-Split from minidist/grade.py (which finds the files and checks, and prints) because this
+Split from minidist/grader/command.py (which finds the files and checks, and prints) because this
 is the part that must be right for the grader never to hang and never to pass a wrong
 answer: a check runs in a thread so the main thread stays free; the main threads of all
 ranks talk non-blocking on their own duplicate of COMM_WORLD, each announcing its outcome
@@ -20,7 +20,7 @@ import numpy as np
 PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
 # how bad a rank's outcome is; the worst over the ranks decides (STOPPED never does: a rank
 # stops only because another reported something worse). S_MISUSE is a failure that names
-# its own cause (a refused collective, a wrong-sized message: see checks/counting.Misuse):
+# its own cause (a refused collective, a wrong-sized message: see grader/counting.Misuse):
 # it beats the wrong values that other ranks compute from it, whichever came first.
 S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL, S_MISUSE = range(6)
 MSG_BYTES = 400
@@ -55,7 +55,7 @@ def where(exc):
 def start_check(check, fn, session=None):
     """Run check(fn[, session]) in a thread. Returns (thread, result): result["v"] is
     (severity, message) once the thread ends."""
-    from_counting = sys.modules.get("minidist.lessons.checks.counting")
+    from_counting = sys.modules.get("minidist.grader.counting")
     stopped = from_counting.Stopped if from_counting else ()
     misuse = from_counting.Misuse if from_counting else ()
     result = {}

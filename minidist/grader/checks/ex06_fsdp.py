@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from minidist.lessons.checks import Exercise, own_session
+from minidist.grader.checks import Exercise, own_session
 from minidist.nn import Parameter
 from minidist.parallel import fsdp
 from minidist.parallel.tp_formulas import ring_all_gather_sent

@@ -15,7 +15,7 @@ import contextlib
 import numpy as np
 
 from minidist import recompute
-from minidist.lessons.checks import Exercise
+from minidist.grader.checks import Exercise
 from minidist.model import GPT, GPTConfig
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor

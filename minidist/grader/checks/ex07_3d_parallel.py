@@ -12,7 +12,7 @@ check stands on its own.
 import numbers
 
 from minidist.comm import grid
-from minidist.lessons.checks import Exercise
+from minidist.grader.checks import Exercise
 
 
 def factorisations(n):

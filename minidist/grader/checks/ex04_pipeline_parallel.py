@@ -23,9 +23,9 @@ have recv's shape, dtype and the sender's values, and must not change on a later
 import numpy as np
 from mpi4py import MPI
 
-from minidist.lessons.checks import Exercise, own_session
-from minidist.lessons.checks.counting import CountingComm, Misuse
-from minidist.referee import said, where
+from minidist.grader.checks import Exercise, own_session
+from minidist.grader.counting import CountingComm, Misuse
+from minidist.grader.referee import said, where
 from minidist.parallel import pipeline_parallel, schedules
 
 SHAPE = (2, 3, 4)

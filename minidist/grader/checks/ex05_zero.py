@@ -2,7 +2,7 @@
 
 partition is checked alone against numpy.array_split, for every rank of many sizes
 (lengths that do not divide, lengths shorter than the world). reduce_scatter_grad runs on
-every rank under mpirun with a CountingComm (minidist/lessons/checks/counting.py), which
+every rank under mpirun with a CountingComm (minidist/grader/counting.py), which
 refuses MPI's collectives and counts the bytes this rank sends: each rank builds its own
 gradient from a seed of its rank, so each can compute the expected partition of the mean
 alone. The bytes are held to one ring reduce-scatter's count (all but my chunk): a full
@@ -12,7 +12,7 @@ other gradients, and the first result must not change (a buffer kept between cal
 """
 import numpy as np
 
-from minidist.lessons.checks import Exercise, own_session, world_then_groups
+from minidist.grader.checks import Exercise, own_session, world_then_groups
 from minidist.parallel import zero
 from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
 

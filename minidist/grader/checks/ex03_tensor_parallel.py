@@ -8,7 +8,7 @@ for the loss. Column and row counts are chosen so that they do not divide by the
 of ranks (numpy.array_split pieces), the vocabulary is padded as the package pads it, and
 the all-reduced arrays have lengths that do not divide either.
 
-The student's functions get a CountingComm (minidist/lessons/checks/counting.py): MPI's
+The student's functions get a CountingComm (minidist/grader/counting.py): MPI's
 collectives are refused, so the sums go through minidist.comm.all_reduce (the ring, on
 point-to-point messages the communicator counts), and each call is held to the bytes of
 exactly the all-reduces the layer needs (docs/reference.md#tensor-parallelism):
@@ -26,7 +26,7 @@ import hashlib
 import numpy as np
 
 from minidist.comm.collectives import chunk_bounds
-from minidist.lessons.checks import Exercise, own_session
+from minidist.grader.checks import Exercise, own_session
 from minidist.parallel import tensor_parallel as tp
 
 MIN_RANKS = 3

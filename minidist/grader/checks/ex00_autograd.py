@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from minidist import ops
-from minidist.lessons.checks import Exercise
+from minidist.grader.checks import Exercise
 
 EPS = 1e-6
 

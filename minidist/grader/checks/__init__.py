@@ -1,12 +1,12 @@
 """Checks for the exercises in lessons/exercises/, one module per exercise file.
 
-`lessons/exercises/NN_topic.py` is graded by `minidist.lessons.checks.exNN_topic`, whose
+`lessons/exercises/NN_topic.py` is graded by `minidist.grader.checks.exNN_topic`, whose
 `EXERCISES` lists what to check. A check takes the function to grade (the student's, or
 the package's own in the tests) and raises AssertionError with a plain sentence when it
 is wrong; it returns None when it is right.
 
 A check of a multi-rank exercise (min_ranks > 1) also takes a `session`
-(minidist.lessons.checks.counting.Session): the grader makes one on every rank before
+(minidist.grader.counting.Session): the grader makes one on every rank before
 the check's thread starts, so that it can stop the thread when another rank fails. The
 tests call such checks without one, and the check makes its own. Such a check raises on
 the rank that sees the problem, and only there: the grader agrees the verdicts.
@@ -32,7 +32,7 @@ def own_session(session, split=False):
     if session is not None:
         yield session
         return
-    from minidist.lessons.checks.counting import Session
+    from minidist.grader.counting import Session
     session = Session(split=split)
     try:
         yield session
@@ -44,7 +44,7 @@ def world_then_groups(s, cases):
     """Run cases(session) on the world, then on groups of another size (ranks 0 .. N-2, and
     rank N-1 alone): code with N written into it (n = 4, / 4) is right at one size only.
     The session must have its groups: Session(split=True), Exercise(groups=True)."""
-    from minidist.referee import said, where as where_in_student
+    from minidist.grader.referee import said, where as where_in_student
     cases(s)
     if s.sub is None:
         raise AssertionError("this check needs the session's groups (Session(split=True))")

@@ -1,6 +1,6 @@
 """Checks for lessons/exercises/02_data_parallel.py, run on every rank under mpirun.
 
-average_gradients gets a CountingComm (minidist/lessons/checks/counting.py), which
+average_gradients gets a CountingComm (minidist/grader/counting.py), which
 refuses MPI's collectives: the mean must go through minidist's own ring_all_reduce
 (which the check also sees in minidist.comm.stats). Every rank's gradients come from a
 seed of that rank, so each rank computes the expected mean alone, with no messages; a
@@ -12,7 +12,7 @@ The mean is checked twice: on the whole world, and on sub-communicators of anoth
 import numpy as np
 
 from minidist.comm import stats
-from minidist.lessons.checks import Exercise, own_session
+from minidist.grader.checks import Exercise, own_session
 from minidist.parallel import data_parallel
 
 SHAPES = [(3, 4), (5,), (2, 2, 2), (1,), (0,), (7, 3)]

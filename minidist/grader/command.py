@@ -1,0 +1,271 @@
+"""Grade exercise files: one student's, or a whole class's.
+
+    python -m minidist.grade lessons/exercises/00_autograd.py
+    mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
+    mpirun -n 4 python -m minidist.grade --exercise 01 --json out.json submissions/
+
+Imports each student file as a module and runs the lesson's checks on its functions
+(minidist/grader/checks/exNN_topic.py), one line per exercise:
+  PASS  the function agrees with the check;
+  FAIL  the first mismatch, in plain words (or the exception it raised, and the line);
+  TODO  the stub still raises NotImplementedError.
+Which checks apply comes from --exercise, or else from the file's name (01_collectives.py).
+
+Multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks: at 2
+the left and right neighbours of a ring are the same rank, so a wrong neighbour would pass.
+Below that (or without mpirun) they FAIL and say so; the grader does not relaunch
+itself. Grade at 3 and at 4 ranks.
+
+Under mpirun every rank runs every check, each in a thread, while the main threads talk
+on their own duplicate of COMM_WORLD, non-blocking: each rank announces its verdict the
+moment its check ends. A rank whose check is still running when another rank reports a
+failure stops waiting at once, so an exception on one rank is agreed in a moment, not
+after the time limit, and the message names the rank and the line. A check still
+running after --timeout seconds is a time-out, and the message names the ranks that did
+not finish and what each was waiting for. Stopped checks are freed (the student's
+communicator cancels their receives and every rank drops what was sent to it:
+minidist/grader/counting.py), so the next check and MPI's own exit run normally.
+FAIL beats a time-out (usually its consequence), which beats TODO, which beats PASS;
+among failures one that names its own cause (a refused call, a wrong-sized message) wins,
+then the earliest (rank 1's wrong chunk, not rank 0's sum computed from it). That part,
+the referee of one check on every rank, lives in minidist/grader/referee.py.
+"""
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from minidist.failfast import agreed_exit
+from minidist.grader.referee import (PASS, S_FAIL, release, run_check, settle, start_check, verdict_of,
+                              where, word)
+
+EPILOG = """ranks: multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks
+(at 2, a ring's left and right neighbours are the same rank, so a wrong neighbour would
+pass); below that, or without mpirun, they FAIL and say so. Grade at 3 and at 4 ranks: mpirun -n 3 python -m minidist.grade ...
+
+exit codes:
+  0  every exercise of every file passes
+  1  some exercise fails or is still TODO
+  2  bad usage: an unknown flag, file, exercise or --only number, --timeout <= 0,
+     a --json path that cannot be written (one line, before anything is graded)
+
+--json PATH writes the whole run: {"ranks", "timeout", "exit_code", "results": [{"file",
+"exercise", "name", "verdict", "message", "seconds"}, ...]}, one result per file and exercise.
+"""
+CHECKS = Path(__file__).parent / "checks"
+
+
+class UsageError(Exception):
+    """Bad usage, found the same on every rank: one line, exit 2."""
+
+
+# ----------------------------------------------------------------------------- files and checks
+
+def known_exercises():
+    """{"00": "00_autograd", ...} from minidist/grader/checks/exNN_topic.py."""
+    return {p.stem[2:4]: p.stem[2:] for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}
+
+
+def exercise_of(text):
+    """'01', '1', '01_collectives' or '.../01_collectives.py' -> '01_collectives' (or UsageError)."""
+    known = known_exercises()
+    stem = Path(text).stem
+    if stem.isdigit() and stem.zfill(2) in known:
+        return known[stem.zfill(2)]
+    if stem in known.values():
+        return stem
+    raise UsageError(f"no checks for {Path(text).name}; exercises are: {', '.join(known.values())}")
+
+
+def checks_for(exercise):
+    return importlib.import_module(f"minidist.grader.checks.ex{exercise}").EXERCISES
+
+
+def student_files(paths):
+    """The .py files named, folders expanded (sorted), in order."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.glob("*.py") if f.is_file())
+            if not found:
+                raise UsageError(f"no .py files in folder {p}")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"no such file: {p}")
+    return files
+
+
+def load_student(path, i=0):
+    """Import the file at `path` as a module, without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(f"student_{i}_{Path(path).stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ----------------------------------------------------------------------------- a file, a class
+
+def mpi_world():
+    """COMM_WORLD when this is a job of several ranks (mpi4py imported only then)."""
+    if not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")):
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+class Grader:
+    """Grades files one exercise at a time, every rank alike; remembers a stuck thread."""
+
+    def __init__(self, timeout=30.0, out=print):
+        self.timeout, self.out = timeout, out
+        self.world = mpi_world()
+        self.ctl = self.world.Dup() if self.world is not None else None
+        self.n = self.world.Get_size() if self.world is not None else 1
+        self.root = self.world is None or self.world.Get_rank() == 0
+        self.jobs, self.stuck = 0, False
+
+    def one(self, ex, student, load_error):
+        """(verdict, message) of one exercise, the same on every rank."""
+        multi = ex.min_ranks > 1
+        fn = getattr(student, ex.name, None)
+        result, thread, session = {}, None, None
+        if multi and self.ctl is not None and not self.stuck:
+            # made on every rank alike, whatever this rank found in the student's file below:
+            # Dup is a collective, and ranks may disagree (a file that fails to import on one)
+            from minidist.grader.counting import Session
+            session = Session(self.world, split=ex.groups)
+        if self.stuck:
+            result["v"] = (S_FAIL, "not run: an earlier check did not finish")
+        elif load_error:
+            result["v"] = (S_FAIL, load_error)
+        elif not callable(fn):
+            result["v"] = (S_FAIL, f"the file has no function named {ex.name}")
+        elif self.n < ex.min_ranks:
+            result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: at 2 ranks a "
+                           "ring's left and right neighbours are the same rank, so a wrong neighbour would "
+                           f"pass; grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
+        elif self.ctl is None:
+            return run_check(ex.check, fn, self.timeout)[:2]
+        else:
+            thread, result = start_check(ex.check, fn, session)
+        if self.ctl is None:
+            return word(result["v"][0]), result["v"][1]
+        tag = (2 * self.jobs) % 30000
+        self.jobs += 1
+        heard = settle(self.ctl, tag, thread, result, session, self.timeout)
+        if session is not None:
+            self.stuck = release(self.ctl, tag + 1, thread, session) or self.stuck
+        return verdict_of(heard, self.timeout, multi)
+
+    def grade(self, path, exercise, only=None, i=0, prefix=""):
+        """Grade one file; returns [row dicts]."""
+        exercises = [e for e in checks_for(exercise) if only is None or e.number in only]
+        try:
+            student, load_error = load_student(path, i), None
+        except Exception as e:
+            student, load_error = None, f"the file does not import: {type(e).__name__}: {e}{where(e)}"
+        rows = []
+        for ex in exercises:
+            t0 = time.perf_counter()
+            verdict, message = self.one(ex, student, load_error)
+            rows.append(dict(file=str(path), exercise=ex.number, name=ex.name, verdict=verdict,
+                             message=message, seconds=round(time.perf_counter() - t0, 3)))
+            if self.root:
+                tail = f": {message}" if message and verdict != PASS else ""
+                self.out(f"{prefix}{verdict}  {ex.number} {ex.name}{tail}")
+        if self.root:
+            n_pass = sum(r["verdict"] == PASS for r in rows)
+            self.out(f"{prefix}{n_pass}/{len(rows)} exercises pass")
+        return rows
+
+
+def grade(path, timeout=30.0, only=None, out=print, exercise=None):
+    """Grade the file at `path` (exercise from its name unless given).
+
+    Returns (exit code, [(number, name, verdict, message)], stuck): stuck says a check's
+    thread is still blocked, so MPI cannot finish normally.
+    """
+    g = Grader(timeout, out)
+    rows = g.grade(path, exercise or exercise_of(path), only)
+    code = 0 if all(r["verdict"] == PASS for r in rows) else 1
+    return code, [(r["exercise"], r["name"], r["verdict"], r["message"]) for r in rows], g.stuck
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def _rank0():
+    """Rank 0 of the job (or no job): read from the environment, before MPI starts."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if key in os.environ:
+            return os.environ[key] == "0"
+    return True
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse(argv):
+    """The arguments, checked: (args, [(file, exercise)], only). Raises UsageError."""
+    p = _Parser(prog="python -m minidist.grade", description=__doc__.split("\n\n")[0],
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="exercise files or folders of them (a folder: its *.py files)")
+    p.add_argument("--exercise", metavar="NN", help="which checks, e.g. 01 (default: from each file's name)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds one check may take (default %(default)s)")
+    p.add_argument("--only", nargs="+", metavar="N.M", help="grade only these exercises, e.g. --only 1.2")
+    p.add_argument("--json", metavar="PATH", help="also write the whole run to PATH as JSON")
+    args = p.parse_args(argv)
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
+    files = student_files(args.files)
+    jobs = [(f, exercise_of(args.exercise or f)) for f in files]
+    only = set(args.only) if args.only else None
+    if only:
+        numbers = {e.number for _, ex in jobs for e in checks_for(ex)}
+        unknown = sorted(only - numbers)
+        if unknown:
+            raise UsageError(f"--only {' '.join(unknown)}: no such exercise; these files have "
+                             f"{', '.join(sorted(numbers))}")
+    if args.json:
+        out = Path(args.json)
+        if out.is_dir():
+            raise UsageError(f"--json {out}: is a folder; name a file")
+        if not out.parent.resolve().is_dir() or not os.access(out.parent.resolve(), os.W_OK) \
+                or (out.exists() and not os.access(out, os.W_OK)):
+            raise UsageError(f"--json {out}: cannot write there")
+    return args, jobs, only
+
+
+def main(argv=None):
+    try:
+        args, jobs, only = parse(argv)
+    except UsageError as e:   # every rank parsed the same arguments: every rank exits alike
+        if _rank0():
+            print(f"python -m minidist.grade: error: {e} (see --help)", file=sys.stderr)
+        return 2
+    g = Grader(args.timeout)
+    rows = []
+    for i, (path, exercise) in enumerate(jobs):
+        prefix = f"{path.name}  " if len(jobs) > 1 else ""
+        rows += g.grade(path, exercise, only, i, prefix)
+    code = 0 if all(r["verdict"] == PASS for r in rows) else 1
+    if args.json and g.root:
+        Path(args.json).write_text(json.dumps(dict(ranks=g.n, timeout=args.timeout, exit_code=code,
+                                                   results=rows), indent=1) + "\n")
+    sys.stdout.flush()
+    if g.stuck:  # a thread is blocked inside MPI for good: MPI_Finalize would wait for it
+        g.ctl.Barrier()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    agreed_exit(main())  # the verdicts and usage errors are agreed: every rank exits alike
