@@ -9,6 +9,7 @@ well before the timeout; a deadlock may take the timeout, plus the moment to fre
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,13 @@ def grade(ranks, files, exercise, timeout, tmp_path, *extra):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+def lesson_runs(number):
+    """How many lesson runs the exercise's plug-in check makes (each may take --timeout)."""
+    from minidist.grader.command import checks_for, known_exercises
+    ex = next(e for e in checks_for(known_exercises()[number.split(".")[0].zfill(2)]) if e.number == number)
+    return sum(len(r.dtypes) for r in ex.runs)
+
+
 def assert_rows(proc, run, expected, timeout, deadlock):
     text = proc.stdout + proc.stderr
     assert run is not None, text
@@ -86,7 +94,7 @@ def assert_rows(proc, run, expected, timeout, deadlock):
         name = Path(row["file"]).name
         want = expected[name].get(row["exercise"], MISSING)
         seen.add(name)
-        assert row["seconds"] <= timeout + FREE_S, row
+        assert row["seconds"] <= timeout * (1 + lesson_runs(row["exercise"])) + FREE_S, row
         if want is None:
             assert row["verdict"] == "PASS", row
             continue
@@ -259,3 +267,50 @@ def test_planted_07_grid_bugs_fail_and_the_stubs_are_todo(tmp_path):
     assert [r["verdict"] for r in run["results"] if r["file"] == str(stubs)] == ["TODO"] * 2, run["results"]
     run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
     assert_rows(proc, run, ALL_07, 30, deadlock=False)
+
+
+# ----------------------------------------------------------------------------- files that say what they expect
+# A planted file may carry its own expectation, beside its bug, as module-level literals:
+#   EXPECT = {"3.10": "words its FAIL message must hold", "3.11": None}   (None: must PASS;
+#            an exercise not named must FAIL with "the file has no function named")
+#   RANKS = 3            the world size to grade it at (default 3; 1 for serial exercises)
+#   TIMEOUT = 10         the check's --timeout (default 10)
+#   ALONE = True         grade it in a job of its own (its bug leaves a rank blocked in MPI,
+#                        after which the job grades nothing more)
+#   DEADLOCK = True      its failure may take the whole timeout
+# Files of one exercise, rank count and timeout share one job.
+OLD = set(re.findall(r'"(\d\d_\w+\.py)"', Path(__file__).read_text()))   # the files named above
+
+
+def declared(path):
+    """The file's EXPECT, RANKS, TIMEOUT, ALONE and DEADLOCK (None when it has no EXPECT)."""
+    import ast
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("EXPECT", "RANKS", "TIMEOUT", "ALONE", "DEADLOCK"):
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    if "EXPECT" not in found:
+        return None
+    return dict(expect=found["EXPECT"], ranks=found.get("RANKS", 3), timeout=found.get("TIMEOUT", 10),
+                alone=found.get("ALONE", False), deadlock=found.get("DEADLOCK", False))
+
+
+def declared_jobs():
+    jobs = {}
+    for path in sorted(PLANTED.glob("[0-9][0-9]_*.py")):
+        d = declared(path)
+        if d is None:
+            assert path.name in OLD, f"{path.name} says nothing of what it expects: give it an EXPECT"
+            continue
+        key = (path.name[:2], d["ranks"], d["timeout"], path.name if d["alone"] else "")
+        jobs.setdefault(key, []).append((path, d))
+    return sorted(jobs.items())
+
+
+@pytest.mark.parametrize("key, members", declared_jobs(), ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else "")
+def test_planted_files_that_declare_their_verdicts(tmp_path, key, members):
+    exercise, ranks, timeout, _ = key
+    expected = {p.name: d["expect"] for p, d in members}
+    proc, run = grade(ranks, [p for p, _ in members], exercise, timeout, tmp_path)
+    assert_rows(proc, run, expected, timeout, deadlock=any(d["deadlock"] for _, d in members))

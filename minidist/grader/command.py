@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 from minidist.failfast import agreed_exit
-from minidist.grader.referee import (PASS, S_FAIL, release, run_check, settle, start_check, verdict_of,
-                              where, word)
+from minidist.grader.referee import (FAIL, PASS, S_FAIL, release, run_check, settle, start_check,
+                                     verdict_of, where, word)
 
 EPILOG = """ranks: multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks
 (at 2, a ring's left and right neighbours are the same rank, so a wrong neighbour would
@@ -121,21 +121,48 @@ def mpi_world():
 
 
 class Grader:
-    """Grades files one exercise at a time, every rank alike; remembers a stuck thread."""
+    """Grades files one exercise at a time, every rank alike; remembers a stuck thread.
 
-    def __init__(self, timeout=30.0, out=print):
-        self.timeout, self.out = timeout, out
+    A file is graded in two passes: every exercise's unit check, then the plug-in check
+    (minidist/grader/plugin.py) of each exercise whose unit check passed. The plug-in
+    checks come last because a broken answer can leave a rank blocked inside MPI, after
+    which this job grades nothing more; the unit checks' verdicts are in by then.
+    plugins=False grades the unit checks alone (the tests use it to show what only the
+    plug-in check catches).
+    """
+
+    def __init__(self, timeout=30.0, out=print, plugins=True):
+        self.timeout, self.out, self.plugins = timeout, out, plugins
         self.world = mpi_world()
         self.ctl = self.world.Dup() if self.world is not None else None
         self.n = self.world.Get_size() if self.world is not None else 1
         self.root = self.world is None or self.world.Get_rank() == 0
         self.jobs, self.stuck = 0, False
 
+    def _agree(self, check, fn, result, session, multi, timeout):
+        """Run check(fn[, session]) here (unless result already holds this rank's outcome)
+        and agree with every rank: (verdict, message)."""
+        if self.ctl is None:
+            if result:
+                return word(result["v"][0]), result["v"][1]
+            verdict, message, finished = run_check(check, fn, timeout, session)
+            self.stuck = self.stuck or not finished
+            return verdict, message
+        thread = None
+        if not result:
+            thread, result = start_check(check, fn, session)
+        tag = (2 * self.jobs) % 30000
+        self.jobs += 1
+        heard = settle(self.ctl, tag, thread, result, session, timeout)
+        if session is not None:
+            self.stuck = release(self.ctl, tag + 1, thread, session) or self.stuck
+        return verdict_of(heard, timeout, multi)
+
     def one(self, ex, student, load_error):
-        """(verdict, message) of one exercise, the same on every rank."""
+        """(verdict, message) of one exercise's unit check, the same on every rank."""
         multi = ex.min_ranks > 1
         fn = getattr(student, ex.name, None)
-        result, thread, session = {}, None, None
+        result, session = {}, None
         if multi and self.ctl is not None and not self.stuck:
             # made on every rank alike, whatever this rank found in the student's file below:
             # Dup is a collective, and ranks may disagree (a file that fails to import on one)
@@ -148,21 +175,23 @@ class Grader:
         elif not callable(fn):
             result["v"] = (S_FAIL, f"the file has no function named {ex.name}")
         elif self.n < ex.min_ranks:
-            result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: at 2 ranks a "
-                           "ring's left and right neighbours are the same rank, so a wrong neighbour would "
-                           f"pass; grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
-        elif self.ctl is None:
-            return run_check(ex.check, fn, self.timeout)[:2]
-        else:
-            thread, result = start_check(ex.check, fn, session)
-        if self.ctl is None:
-            return word(result["v"][0]), result["v"][1]
-        tag = (2 * self.jobs) % 30000
-        self.jobs += 1
-        heard = settle(self.ctl, tag, thread, result, session, self.timeout)
-        if session is not None:
-            self.stuck = release(self.ctl, tag + 1, thread, session) or self.stuck
-        return verdict_of(heard, self.timeout, multi)
+            result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: "
+                           f"{ex.why_ranks} grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
+        return self._agree(ex.check, fn, result, session, multi, self.timeout)
+
+    def plugin(self, ex, student):
+        """(verdict, message) of one exercise's plug-in check, the same on every rank."""
+        from mpi4py import MPI
+        from minidist.grader import plugin
+        if self.stuck:
+            return FAIL, "not run: an earlier check did not finish"
+        session = plugin.PluginSession(self.world if self.world is not None else MPI.COMM_SELF)
+        limit = self.timeout * sum(len(r.dtypes) for r in ex.runs)      # --timeout per lesson run
+        verdict, message = self._agree(lambda f, s: plugin.check(ex, f, s), getattr(student, ex.name),
+                                       {}, session, self.n > 1, limit)
+        if verdict == FAIL and "did not finish within" in message:
+            message = f"{message} (the plug-in check: your {ex.name} in the package, the lesson run on it)"
+        return verdict, message
 
     def grade(self, path, exercise, only=None, i=0, prefix=""):
         """Grade one file; returns [row dicts]."""
@@ -177,10 +206,15 @@ class Grader:
             verdict, message = self.one(ex, student, load_error)
             rows.append(dict(file=str(path), exercise=ex.number, name=ex.name, verdict=verdict,
                              message=message, seconds=round(time.perf_counter() - t0, 3)))
-            if self.root:
-                tail = f": {message}" if message and verdict != PASS else ""
-                self.out(f"{prefix}{verdict}  {ex.number} {ex.name}{tail}")
+        for ex, row in zip(exercises, rows):
+            if self.plugins and ex.runs and row["verdict"] == PASS:
+                t0 = time.perf_counter()
+                row["verdict"], row["message"] = self.plugin(ex, student)
+                row["seconds"] = round(row["seconds"] + time.perf_counter() - t0, 3)
         if self.root:
+            for row in rows:
+                tail = f": {row['message']}" if row["message"] and row["verdict"] != PASS else ""
+                self.out(f"{prefix}{row['verdict']}  {row['exercise']} {row['name']}{tail}")
             n_pass = sum(r["verdict"] == PASS for r in rows)
             self.out(f"{prefix}{n_pass}/{len(rows)} exercises pass")
         return rows

@@ -87,12 +87,13 @@ def start_check(check, fn, session=None):
     return t, result
 
 
-def run_check(check, fn, timeout):
-    """One process, no MPI: run check(fn) with a time limit. Returns (verdict, message, finished)."""
-    t, result = start_check(check, fn)
+def run_check(check, fn, timeout, session=None):
+    """One process, no MPI: run check(fn[, session]) with a time limit. Returns (verdict, message, finished)."""
+    t, result = start_check(check, fn, session)
     t.join(timeout)
     if t.is_alive():
-        return FAIL, f"did not finish within {timeout:g} s (an endless loop?)", False
+        where = session.where() if session is not None else "an endless loop?"
+        return FAIL, f"did not finish within {timeout:g} s ({where})", False
     severity, message = result["v"]
     return word(severity), message, True
 
@@ -228,7 +229,7 @@ def verdict_of(heard, timeout, multi_rank):
             text += f": {DEADLOCK}"
         return FAIL, text
     message = heard[ranks[0]][1]
-    if worst >= S_FAIL and n > 1 and not alike and not message.startswith(("rank ", "at step ")):
+    if worst >= S_FAIL and n > 1 and not alike and not message.startswith(("rank ", "at step ", "lesson ")):
         message = f"rank {ranks[0]}: {message}"
     if worst == S_STOPPED:
         message = "stopped (another rank failed)"

@@ -192,7 +192,7 @@ def max_over_ranks(comm, value):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     n = comm.Get_size()
     dtype = np.dtype(args.dtype)
     check_memory(comm, args.size_mib, dtype)

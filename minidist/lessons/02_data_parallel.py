@@ -92,7 +92,7 @@ def draw_timeline(tl, width=56):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")

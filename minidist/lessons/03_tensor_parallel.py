@@ -102,12 +102,12 @@ def gather_all(model, state):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
     tp, per_dp = check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
-    grid = ProcessGrid(tp=tp)
+    grid = ProcessGrid(tp=tp, comm=comm)
     sp = args.sequence_parallel
     say(f"Lesson 03: tensor parallelism, tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
         + f" on {world} ranks" + (", sequence parallel" if sp else "") + "\n")

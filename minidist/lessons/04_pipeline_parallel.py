@@ -85,13 +85,13 @@ def measured_timeline(pp_runner, comm):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
     pp, v, _ = check_input(args, cfg, world)
     m = args.micro_batches
     data = common.load_dataset(args, comm)
-    grid = ProcessGrid(pp=pp)
+    grid = ProcessGrid(pp=pp, comm=comm)
     sched = schedules.build(args.schedule, pp, m, v)
     say(f"Lesson 04: pipeline parallelism, pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
         + f" on {world} ranks, schedule {args.schedule}" + (f" with {v} chunks per rank" if v > 1 else "")

@@ -106,7 +106,7 @@ def peak_grad_formula(stage, overlap, psi, n, item, k, root, block, filling=0):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
     rows = common.batch_rows(args, rank, world)

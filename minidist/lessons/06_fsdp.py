@@ -79,7 +79,7 @@ def draw_units(events, names, width=60):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
     rows = common.batch_rows(args, rank, world)

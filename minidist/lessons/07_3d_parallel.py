@@ -91,12 +91,12 @@ def role_table(grid, cfg, v, slot):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
     tp, pp, dp, v, m = check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
-    grid = ProcessGrid(tp=tp, pp=pp, dp=dp)
+    grid = ProcessGrid(tp=tp, pp=pp, dp=dp, comm=comm)
     per_dp = args.batch_size // dp
     say(f"Lesson 07: 3D parallelism, tp={tp} x pp={pp} x dp={dp} on {world} ranks, schedule {args.schedule}"
         f" with m={m} micro-batches" + (", ZeRO-1 over dp" if args.zero else ", plain averaging over dp") + "\n")

@@ -129,12 +129,12 @@ def run_policy(policy, cfg, args, data, tc, comm, grid=None):
 
 
 def main(args):
-    comm = MPI.COMM_WORLD
+    comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
     tp, pp = check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
-    grid = ProcessGrid(tp=tp, pp=pp, dp=1) if pp > 1 else None
+    grid = ProcessGrid(tp=tp, pp=pp, dp=1, comm=comm) if pp > 1 else None
     tp_comm = grid.tp_comm if grid is not None else comm
     L, b, s, h, a = cfg.n_layer, args.batch_size, cfg.block_size, cfg.n_embd, cfg.n_head
     k = args.k or recompute.default_k(L)

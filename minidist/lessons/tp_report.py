@@ -94,7 +94,7 @@ def generation_report(model, ref, data, n, grid):
     """Greedy decoding of n tokens with the sharded model and with one process; returns
     (same tokens, figures). The prompt is the start of a validation sequence, short
     enough that the whole generation fits in block_size positions when n allows."""
-    comm, cfg = MPI.COMM_WORLD, model.config
+    comm, cfg = harness.comm_world(), model.config
     p = max(1, min(8, cfg.block_size - n + 1))
     prompt = np.ascontiguousarray(data.get_batch("val", 1, 0)[0][:, :p])
     V = cfg.vocab_size

@@ -24,6 +24,9 @@ class Exercise:
     check: Callable             # check(fn) or check(fn, session) -> None, raises AssertionError
     min_ranks: int = 1          # the grader fails the exercise below this many ranks (1: serial)
     groups: bool = False        # the check also needs session.sub: groups of N-1 ranks and 1 (counting.Session)
+    why_ranks: str = ("at 2 ranks a ring's left and right neighbours are the same rank, so a wrong "
+                      "neighbour would pass;")   # why min_ranks, for the refusal below it
+    runs: tuple = ()            # the plug-in check's lesson settings (minidist.grader.plugin.Run)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 
 from minidist.grader.checks import Exercise, own_session
+from minidist.grader.plugin import Run
 from minidist.nn import Parameter
 from minidist.parallel import fsdp
 from minidist.parallel.tp_formulas import ring_all_gather_sent
@@ -132,7 +133,10 @@ def check_free_params(fn, session=None):
             raise AssertionError(f"rank {rank}: free_params sent messages; freeing is local")
 
 
+RUNS = (Run("06_fsdp", lambda n: ("--n-layer", "4", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
+                                   "--batch-size", str(2 * n), "--steps", "2")),)
+
 EXERCISES = [
-    Exercise("6.1", "gather_params", fsdp.gather_params, check_gather_params, 3),
-    Exercise("6.2", "free_params", fsdp.free_params, check_free_params, 3),
+    Exercise("6.1", "gather_params", fsdp.gather_params, check_gather_params, 3, runs=RUNS),
+    Exercise("6.2", "free_params", fsdp.free_params, check_free_params, 3, runs=RUNS),
 ]

@@ -1,0 +1,193 @@
+"""The plug-in check: the student's function in place of the package's answer, and the
+lesson run on it.
+
+A unit check tries a function on the inputs its author thought of. The lesson is the
+real use: the function called many times, in float32 and float64, on shapes the unit
+check never tried, beside the rest of the package. So after an exercise's unit check
+PASSes, the grader puts the student's function where the package's answer is (every
+module of minidist that holds the answer under its name, and the tables that list it),
+runs the lesson's own equivalence at a small shape on the graded ranks, and puts the
+package's answer back. An answer that makes the lesson MISMATCH, crash or hang FAILs,
+and the message names the lesson setting it broke, as a command the student can run:
+
+    FAIL  6.2 free_params: lesson 06 with your free_params (mpirun -n 3 python -m
+          minidist.lessons.06_fsdp --n-layer 4 ... --dtype float32): crashed: ...
+
+How the lesson runs: `harness.running(comm)` makes the lesson's main() use `comm`
+instead of COMM_WORLD and print nothing; its report comes back to this module. A run
+marked ranks=k uses the job's first k ranks (a group split off a duplicate of the
+world), ranks=1 one process; the other ranks wait for the verdict. Each run happens in
+float64 and in float32 (the lesson's tolerance for each), unless the run says otherwise.
+
+What it cannot do: free a rank blocked inside MPI by a broken answer (the package's
+collectives block in MPI, not in the grader's stoppable communicator). A hang is a
+time-out as in any check; the grader then runs nothing more in that job (the teacher's
+form grades each file in jobs of its own), and exits without waiting for the blocked thread.
+"""
+import importlib
+import shlex
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from minidist.grader.referee import said, where
+
+
+@dataclass(frozen=True)
+class Run:
+    """One lesson setting of a plug-in check."""
+    lesson: str                               # "06_fsdp": minidist.lessons.06_fsdp
+    argv: object = ()                         # its flags at a small shape (no --dtype, no --json), or
+                                              # a function of the lesson's rank count that returns them
+    ranks: int = 0                            # 0: every rank of the job; k: the first k ranks (1: one process)
+    dtypes: tuple = ("float64", "float32")
+
+    def flags(self, n, dtype):
+        return [*(self.argv(n) if callable(self.argv) else self.argv), "--dtype", dtype]
+
+    def command(self, n, dtype):
+        flags = " ".join(shlex.quote(a) for a in self.flags(n, dtype))
+        run = f"python -m minidist.lessons.{self.lesson} {flags}"
+        return run if n == 1 else f"mpirun -n {n} {run}"
+
+
+class Counted:
+    """The student's function, counting its calls (a run that never reaches it proves nothing)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _holders(reference):
+    """Every (namespace, key) in minidist's modules (not the grader's) that holds `reference`:
+    module attributes (`from x import f` copies the name) and module-level dicts (tables of
+    schedules)."""
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("minidist.") or name.startswith("minidist.grader") or mod is None:
+            continue
+        space = vars(mod)
+        for key, value in list(space.items()):
+            if value is reference:
+                found.append((space, key))
+            elif isinstance(value, dict) and not key.startswith("__"):
+                found += [(value, k) for k, v in list(value.items()) if v is reference]
+    return found
+
+
+@contextmanager
+def plugged(reference, fn):
+    """The package's answer `reference` replaced by `fn` wherever minidist holds it, then put back."""
+    holders = _holders(reference)
+    if not holders:
+        raise RuntimeError(f"the grader found no module holding {reference.__qualname__}")
+    for space, key in holders:
+        space[key] = fn
+    try:
+        yield
+    finally:
+        for space, key in holders:
+            space[key] = reference
+
+
+def lesson_module(lesson):
+    return importlib.import_module(f"minidist.lessons.{lesson}")
+
+
+class PluginSession:
+    """What the referee needs of a check's session, for a plug-in check: a duplicate of the
+    world to run on, and where the thread is when time runs out. Nothing to cancel: the
+    package's own communication blocks inside MPI."""
+
+    def __init__(self, world):
+        self.comm = world.Dup()
+        self.doing = "starting"
+        self.thread = None
+        self.sub = None
+
+    def where(self):
+        wait = ""
+        marks = sys.modules.get("minidist.comm.watchdog")
+        if marks is not None and self.thread is not None:
+            mark = marks._marks.get(self.thread)
+            if mark:
+                wait = f", waiting in {mark[1]}"
+        return f"running {self.doing}{wait}"
+
+    def stop(self):
+        pass
+
+    def drain(self):
+        pass
+
+    def free(self):
+        self.comm.Free()
+
+
+def _one(run, dtype, ex, fn, world, session):
+    """Run the lesson once with fn plugged in; raise AssertionError unless it matches."""
+    from minidist.lessons import harness
+    k = run.ranks or world.Get_size()
+    rank = world.Get_rank()
+    if k > world.Get_size():
+        raise AssertionError(f"the plug-in check runs lesson {run.lesson[:2]} on {k} ranks, graded on "
+                             f"{world.Get_size()}: grade with mpirun -n {k} (or more)")
+    if run.ranks:                          # the first k ranks run the lesson; the others sit out
+        part = world.Split(0 if rank < k else 1, rank)
+        comm = part if rank < k else None
+    else:
+        part, comm = None, world
+    setting = f"lesson {run.lesson[:2]} with your {ex.name} ({run.command(k, dtype)})"
+    session.doing = setting
+    try:
+        if comm is None:
+            return
+        mod = lesson_module(run.lesson)
+        args = mod.build_parser().parse_args(run.flags(k, dtype))
+        with plugged(ex.reference, fn), harness.running(comm) as said_by_lesson:
+            try:
+                mod.main(args)
+            except harness.InputError as e:    # the grader's own setting does not fit: its bug
+                raise RuntimeError(f"the grader's setting {setting} is refused: {e}") from None
+            except Exception as e:             # the student's code (or what it broke) raised
+                raise AssertionError(f"{setting}: rank {rank} crashed: {said(e)}{where(e)}") from None
+        report = said_by_lesson.reports[-1]
+        if not report.get("match") and comm.Get_rank() == 0:    # agreed by the lesson; rank 0 has its lines
+            raise AssertionError(f"{setting}: MISMATCH: {_why(report, said_by_lesson.lines)} (the package's "
+                                 f"own {ex.name} matches there)")
+    finally:
+        if part is not None:
+            part.Free()
+
+
+FLAGGED = ("DIFFER", "OUTSIDE", "NOT ", "MISMATCH", "FAIL")
+
+
+def _why(report, lines):
+    """Why the lesson said MISMATCH, in its own words: the values' difference, and every
+    line of its output that flags a figure (bytes DIFFERS, NOT FREED, OUTSIDE, ...)."""
+    rel, tol = report.get("max_rel_diff"), report.get("tolerance")
+    parts = []
+    if rel is not None and tol is not None:
+        parts.append(f"max_rel_diff {rel:.2e} {'>' if not rel <= tol else 'within'} tolerance {tol:.0e}")
+    flagged = [" ".join(line.split()) for line in lines
+               if any(w in line for w in FLAGGED) and not line.lstrip().startswith("verdict")]
+    parts += flagged[:3]
+    return "; ".join(parts) or "the lesson's verdict"
+
+
+def check(ex, fn, session):
+    """The plug-in check of exercise `ex` with the student's `fn`: every run of ex.runs."""
+    session.thread = threading.get_ident()
+    counted = Counted(fn)
+    for run in ex.runs:
+        for dtype in run.dtypes:
+            _one(run, dtype, ex, counted, session.comm, session)
+    if counted.calls == 0 and session.comm.Get_rank() == 0:
+        raise RuntimeError(f"the grader's plug-in check of {ex.number} never called {ex.name}: "
+                           "a bug in the grader, not in your file")
