@@ -1,6 +1,7 @@
 """The grader, in one process: answers PASS, stubs are TODO, mistakes FAIL in words, usage errors
 exit 2 in one line, a class is graded from a folder into one JSON. (Under mpirun: test_planted.py.)"""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,12 +108,84 @@ def test_exceptions_name_the_students_line():
     assert verdict == referee.FAIL and message.startswith("IndexError") and "line" in message
 
 
-def test_multi_rank_exercises_fail_without_mpirun():
-    proc = run(PLANTED / "01_good_student.py", "--exercise", "01")
-    verdicts = [l for l in proc.stdout.splitlines() if l.startswith(("PASS", "FAIL", "TODO"))]
-    assert len(verdicts) == 3 and all(l.startswith("FAIL") and "needs at least 3 ranks" in l
-                                      for l in verdicts), proc.stdout
-    assert "mpirun -n 3" in proc.stdout and proc.returncode == 1
+def test_without_mpirun_a_multi_rank_file_is_graded_in_jobs_of_its_own(tmp_path):
+    """The launcher named in MINIDIST_MPIRUN starts one job per rank count, each file alone."""
+    log = tmp_path / "launched.txt"
+    fake = tmp_path / "my-mpirun"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {log}\nexec {Path(sys.executable).with_name('mpirun')} \"$@\"\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, MINIDIST_MPIRUN=str(fake), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "02", "--only", "2.2",
+                           "--ranks", "3", PLANTED / "02_good_student.py"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0 and "02_good_student.py  -n 3  PASS  2.2 assign_buckets" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert log.read_text().startswith("-n 3 ") and "02_good_student.py" in log.read_text()
+
+
+def test_a_launcher_that_cannot_start_fails_every_row_in_words(tmp_path):
+    env = dict(os.environ, MINIDIST_MPIRUN="/no/such/mpirun")
+    proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "01", PLANTED / "01_good_student.py"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    rows = [l for l in proc.stdout.splitlines() if "  FAIL  " in l]
+    assert proc.returncode == 1 and len(rows) == 6, proc.stdout + proc.stderr     # 3 exercises at -n 3 and 4
+    assert all("could not start /no/such/mpirun" in l and "MINIDIST_MPIRUN" in l for l in rows), rows
+
+
+def test_only_takes_one_exercise_before_the_file():
+    proc = run("--only", "0.4", STUBS)
+    lines = [l for l in proc.stdout.splitlines() if l.split()[:1] in (["PASS"], ["FAIL"], ["TODO"])]
+    assert lines == ["TODO  0.4 gelu_backward"], proc.stdout + proc.stderr
+
+
+def test_a_file_that_changes_the_graders_code_is_not_graded(tmp_path):
+    """On import (a check's helper replaced) or while its function runs (numpy.allclose
+    replaced): every exercise FAILs, naming what was changed."""
+    on_import = tmp_path / "a.py"
+    on_import.write_text("import minidist.grader.referee as r\nr.verdict_of = lambda *a: ('PASS', '')\n"
+                         "from minidist.ops import matmul_backward\n")
+    code, lines, _ = grade.grade(str(on_import), exercise="00_autograd", out=lambda *_: None)
+    assert code == 1 and all(v == "FAIL" and "changed the grader's own code (minidist.grader.referee.verdict_of)"
+                             in m for _, _, v, m in lines), lines
+    on_call = tmp_path / "b.py"
+    on_call.write_text("import numpy as np\nfrom minidist.fused import gelu_backward as _g\n"
+                       "def gelu_backward(x, grad):\n    np.allclose = lambda *a, **k: True\n    return _g(x, grad)\n")
+    code, lines, _ = grade.grade(str(on_call), exercise="00_autograd", only={"0.4"}, out=lambda *_: None)
+    assert code == 1 and "changed the grader's own code (numpy.allclose)" in lines[0][3], lines
+
+
+def test_the_source_scan_flags_what_a_teacher_should_read():
+    from minidist.grader.integrity import scan
+    assert scan("import numpy as np\ndef f(comm, x):\n    return x\n") == []
+    notes = scan("import sys\nfrom mpi4py import MPI\nimport minidist.grader.checks.ex03_tensor_parallel\n"
+                 "def f(comm, x):\n    w = MPI.COMM_WORLD\n    return sys._getframe(1).f_locals['want']\n")
+    assert any("imports the grader" in n for n in notes) and any("COMM_WORLD" in n for n in notes)
+    assert any("_getframe" in n for n in notes) and any("f_locals" in n for n in notes), notes
+
+
+def test_every_exercise_has_a_plug_in_check():
+    """Acceptance: every exercise of every lesson (those added later too) runs its lesson with
+    the student's function plugged in. That each run reaches the function is shown by the
+    planted good students, which PASS only when it does (plugin.check raises otherwise)."""
+    for exercise in grade.known_exercises().values():
+        for ex in grade.checks_for(exercise):
+            assert ex.runs, f"exercise {ex.number} ({exercise}) has no plug-in check"
+            for run_ in ex.runs:
+                assert (ROOT / "minidist" / "lessons" / f"{run_.lesson}.py").exists(), run_
+
+
+def test_a_wrong_answer_that_only_the_plug_in_check_catches(tmp_path):
+    """A gelu_backward that is right when the grader's unit check calls it and wrong when the
+    package does: the unit check alone PASSes it, lesson 00 with it plugged in does not."""
+    f = tmp_path / "00_autograd.py"
+    f.write_text("import sys\nfrom minidist.fused import gelu_backward as _g\n"
+                 "def gelu_backward(x, grad):\n"
+                 "    caller = sys._getframe(1).f_globals.get('__name__', '')\n"
+                 "    return _g(x, grad) * (1.0 if caller.startswith('minidist.grader') else 1.01)\n")
+    unit_only = grade.Grader(timeout=60, out=lambda *_: None, plugins=False)
+    assert [r["verdict"] for r in unit_only.grade(str(f), "00_autograd", {"0.4"})] == ["PASS"]
+    (row,) = grade.Grader(timeout=60, out=lambda *_: None).grade(str(f), "00_autograd", {"0.4"})
+    assert row["verdict"] == "FAIL" and row["message"].startswith("lesson 00 with your gelu_backward"), row
 
 
 @pytest.mark.parametrize("args, words", [
@@ -147,19 +220,25 @@ def test_help_documents_the_exit_codes():
 
 
 def test_a_class_from_a_folder_into_one_json(tmp_path):
+    """Without mpirun, several files of a one-process exercise: each graded in a process of its own."""
     folder = tmp_path / "submissions"
     folder.mkdir()
     answers_file(folder, "minidist.ops", ex00_autograd.EXERCISES, name="alice.py")
     shutil.copy(STUBS, folder / "bob.py")
+    (folder / "carol.py").write_text("import sys\ndef gelu_backward(x, grad):\n    return sys._getframe(1)\n")
     out = tmp_path / "class.json"
-    proc = run("--exercise", "00", "--json", out, folder)
+    proc = run("--exercise", "00", "--json", out, folder, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert any(l.startswith("alice.py  PASS  0.1") for l in lines), proc.stdout
-    assert any(l.startswith("bob.py  TODO  0.1") for l in lines), proc.stdout
+    assert any(l.startswith("alice.py  -n 1  PASS  0.1") for l in lines), proc.stdout
+    assert any(l.startswith("bob.py  -n 1  TODO  0.1") for l in lines), proc.stdout
+    assert any(l.startswith("carol.py  0/4 pass  NOTE: inspects frames") for l in lines), proc.stdout
     run_ = json.loads(out.read_text())
-    assert run_["exit_code"] == 1 and run_["ranks"] == 1
+    assert run_["exit_code"] == 1 and run_["ranks"] == [1]
     rows = run_["results"]
-    assert len(rows) == 2 * len(ex00_autograd.EXERCISES)
-    assert set(rows[0]) == {"file", "exercise", "name", "verdict", "message", "seconds"}
-    assert {(Path(r["file"]).name, r["verdict"]) for r in rows} == {("alice.py", "PASS"), ("bob.py", "TODO")}
+    assert len(rows) == 3 * len(ex00_autograd.EXERCISES)
+    assert set(rows[0]) == {"file", "exercise", "name", "verdict", "message", "seconds", "ranks"}
+    assert {(Path(r["file"]).name, r["verdict"]) for r in rows} == {
+        ("alice.py", "PASS"), ("bob.py", "TODO"), ("carol.py", "FAIL")}
+    files = {Path(f["file"]).name: f for f in run_["files"]}
+    assert files["alice.py"]["passed"] == 4 and files["carol.py"]["notes"], files

@@ -77,11 +77,12 @@ def grade(ranks, files, exercise, timeout, tmp_path, *extra):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
-def lesson_runs(number):
-    """How many lesson runs the exercise's plug-in check makes (each may take --timeout)."""
+def plugin_limit(number, timeout):
+    """The seconds the exercise's plug-in check may take (its lesson runs)."""
     from minidist.grader.command import checks_for, known_exercises
+    from minidist.grader.plugin import time_limit
     ex = next(e for e in checks_for(known_exercises()[number.split(".")[0].zfill(2)]) if e.number == number)
-    return sum(len(r.dtypes) for r in ex.runs)
+    return time_limit(ex, timeout)
 
 
 def assert_rows(proc, run, expected, timeout, deadlock):
@@ -94,7 +95,7 @@ def assert_rows(proc, run, expected, timeout, deadlock):
         name = Path(row["file"]).name
         want = expected[name].get(row["exercise"], MISSING)
         seen.add(name)
-        assert row["seconds"] <= timeout * (1 + lesson_runs(row["exercise"])) + FREE_S, row
+        assert row["seconds"] <= timeout + plugin_limit(row["exercise"], timeout) + FREE_S, row
         if want is None:
             assert row["verdict"] == "PASS", row
             continue
@@ -173,7 +174,7 @@ def test_below_3_ranks_multi_rank_exercises_fail_and_say_so(tmp_path):
 
 def test_bad_flags_under_mpirun_are_one_line_once_and_exit_2():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for args in (["--only", "7.7", "--"], ["--timeout", "0"]):
+    for args in (["--only", "7.7", "--"], ["--timeout", "0"], ["--ranks", "3"]):
         proc = subprocess.run([str(MPIRUN), "-n", "3", sys.executable, "-m", "minidist.grade", *args,
                                str(PLANTED / "01_good_student.py")],
                               capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
@@ -314,3 +315,26 @@ def test_planted_files_that_declare_their_verdicts(tmp_path, key, members):
     expected = {p.name: d["expect"] for p, d in members}
     proc, run = grade(ranks, [p for p, _ in members], exercise, timeout, tmp_path)
     assert_rows(proc, run, expected, timeout, deadlock=any(d["deadlock"] for _, d in members))
+
+
+def test_the_teachers_form_grades_each_file_in_jobs_of_its_own(tmp_path):
+    """Acceptance: `python -m minidist.grade --exercise 04 --ranks 3,4 FOLDER --json out.json`
+    with a file that swallows the grader's stop (its check never ends) beside a correct file:
+    the correct one PASSes at both rank counts."""
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "alice.py").write_text((PLANTED / "04_swallows_the_stop.py").read_text())
+    (folder / "bob.py").write_text((PLANTED / "04_good_student.py").read_text())
+    out = tmp_path / "out.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MINIDIST_MPIRUN=str(MPIRUN))
+    proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "04", "--ranks", "3,4",
+                           "--only", "4.3", "--timeout", "5", folder, "--json", out],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    run = json.loads(out.read_text())
+    got = {(Path(r["file"]).name, r["ranks"]): (r["verdict"], r["message"]) for r in run["results"]}
+    assert got[("bob.py", 3)][0] == got[("bob.py", 4)][0] == "PASS", proc.stdout + proc.stderr
+    assert got[("alice.py", 3)][0] == got[("alice.py", 4)][0] == "FAIL"
+    assert "did not finish within 5 s" in got[("alice.py", 3)][1], got
+    assert proc.returncode == run["exit_code"] == 1 and run["ranks"] == [3, 4]
+    assert [(Path(f["file"]).name, f["passed"], f["total"]) for f in run["files"]] == [("alice.py", 0, 2),
+                                                                                      ("bob.py", 2, 2)]

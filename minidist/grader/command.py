@@ -1,20 +1,28 @@
 """Grade exercise files: one student's, or a whole class's.
 
     python -m minidist.grade lessons/exercises/00_autograd.py
+    python -m minidist.grade lessons/exercises/01_collectives.py          (launches mpirun -n 3, -n 4)
     mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
-    mpirun -n 4 python -m minidist.grade --exercise 01 --json out.json submissions/
+    python -m minidist.grade --exercise 04 --ranks 3,4 submissions/ --json out.json
 
 Imports each student file as a module and runs the lesson's checks on its functions
 (minidist/grader/checks/exNN_topic.py), one line per exercise:
-  PASS  the function agrees with the check;
+  PASS  the function agrees with the unit check, and the lesson still matches one
+        process with the function plugged into the package (the plug-in check:
+        minidist/grader/plugin.py), in float64 and float32;
   FAIL  the first mismatch, in plain words (or the exception it raised, and the line);
   TODO  the stub still raises NotImplementedError.
 Which checks apply comes from --exercise, or else from the file's name (01_collectives.py).
 
-Multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks: at 2
-the left and right neighbours of a ring are the same rank, so a wrong neighbour would pass.
-Below that (or without mpirun) they FAIL and say so; the grader does not relaunch
-itself. Grade at 3 and at 4 ranks.
+Where it runs. Under mpirun, this job grades the files named, one after another, on
+every rank. Without mpirun, each file is graded in jobs of its own, one per rank count
+(--ranks, or the exercise's own: 3 and 4 for the multi-rank exercises, 4 for 07, one
+process for 00 and 08), started with MINIDIST_MPIRUN or the mpirun beside this Python
+(minidist/grader/classroom.py): nothing one submission does reaches another's verdict.
+A single file of a one-process exercise is graded here, in this process.
+
+Multi-rank exercises need at least 3 ranks (--help lists them, each with its reason);
+below that they FAIL and say so.
 
 Under mpirun every rank runs every check, each in a thread, while the main threads talk
 on their own duplicate of COMM_WORLD, non-blocking: each rank announces its verdict the
@@ -37,25 +45,26 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from minidist.failfast import agreed_exit
-from minidist.grader.referee import (FAIL, PASS, S_FAIL, release, run_check, settle, start_check,
+from minidist.grader.referee import (FAIL, PASS, S_FAIL, TODO, release, run_check, settle, start_check,
                                      verdict_of, where, word)
 
-EPILOG = """ranks: multi-rank exercises (01, 2.1, and 03 but for 3.5 and 3.11) need at least 3 ranks
-(at 2, a ring's left and right neighbours are the same rank, so a wrong neighbour would
-pass); below that, or without mpirun, they FAIL and say so. Grade at 3 and at 4 ranks: mpirun -n 3 python -m minidist.grade ...
+EPILOG = """ranks:
+{ranks}
 
 exit codes:
   0  every exercise of every file passes
   1  some exercise fails or is still TODO
-  2  bad usage: an unknown flag, file, exercise or --only number, --timeout <= 0,
-     a --json path that cannot be written (one line, before anything is graded)
+  2  bad usage: an unknown flag, file, exercise or --only number, --timeout <= 0, --ranks
+     under mpirun, a --json path that cannot be written (one line, before anything is graded)
 
---json PATH writes the whole run: {"ranks", "timeout", "exit_code", "results": [{"file",
-"exercise", "name", "verdict", "message", "seconds"}, ...]}, one result per file and exercise.
+--json PATH writes the whole run: {{"ranks", "timeout", "exit_code", "results": [{{"file",
+"exercise", "name", "verdict", "message", "seconds"[, "ranks"]}}, ...][, "files": [{{"file",
+"passed", "total", "notes"}}, ...]]}}, one result per file, exercise (and rank count).
 """
 CHECKS = Path(__file__).parent / "checks"
 
@@ -79,11 +88,39 @@ def exercise_of(text):
         return known[stem.zfill(2)]
     if stem in known.values():
         return stem
-    raise UsageError(f"no checks for {Path(text).name}; exercises are: {', '.join(known.values())}")
+    raise UsageError(f"no checks for {Path(text).name}: name the exercise with --exercise NN, or name the "
+                     f"file after it; exercises are: {', '.join(known.values())}")
 
 
 def checks_for(exercise):
     return importlib.import_module(f"minidist.grader.checks.ex{exercise}").EXERCISES
+
+
+def default_ranks(exercise):
+    """The rank counts to grade an exercise file at: one process when nothing needs more;
+    3 and 4 when an exercise needs a ring of at least 3 (3 is odd, so chunks are uneven);
+    else the ranks its plug-in check's lesson needs (4 for lesson 07's grids)."""
+    exercises = checks_for(exercise)
+    ring = max(e.min_ranks for e in exercises)
+    lesson = max((r.ranks for e in exercises for r in e.runs), default=0)
+    if ring > 1:
+        return (max(ring, lesson), max(ring, lesson) + 1)
+    return (lesson,) if lesson > 1 else (1,)
+
+
+def ranks_text():
+    """For --help: the multi-rank exercises, their reasons, and the default rank counts."""
+    lines, reasons = [], {}
+    for exercise in known_exercises().values():
+        for e in checks_for(exercise):
+            if e.min_ranks > 1:
+                reasons.setdefault((e.min_ranks, e.why_ranks), []).append(e.number)
+    for (n, why), numbers in reasons.items():
+        lines.append(f"{', '.join(numbers)} need at least {n} ranks ({why.rstrip(';')})")
+    lines.append("without mpirun each file is graded at these rank counts: "
+                 + ", ".join(f"{ex[:2]}: {'/'.join(map(str, default_ranks(ex)))}"
+                             for ex in known_exercises().values()))
+    return "\n".join(textwrap.fill(line, 92, initial_indent="  ", subsequent_indent="    ") for line in lines)
 
 
 def student_files(paths):
@@ -138,10 +175,26 @@ class Grader:
         self.n = self.world.Get_size() if self.world is not None else 1
         self.root = self.world is None or self.world.Get_rank() == 0
         self.jobs, self.stuck = 0, False
+        self.snapshot = None          # the grader's code before the first student's file ran
+
+    def _guarded(self, check):
+        """check, then the grader's own code compared with the snapshot (in the check's
+        thread, so that every rank's finding is agreed like any failure)."""
+        snapshot = self.snapshot
+
+        def guarded(fn, *session):
+            try:
+                check(fn, *session)
+            finally:
+                what = snapshot.changed() if snapshot is not None else None
+                if what:
+                    raise AssertionError(f"the file changed the grader's own code ({what}): not graded")
+        return guarded
 
     def _agree(self, check, fn, result, session, multi, timeout):
         """Run check(fn[, session]) here (unless result already holds this rank's outcome)
         and agree with every rank: (verdict, message)."""
+        check = self._guarded(check)
         if self.ctl is None:
             if result:
                 return word(result["v"][0]), result["v"][1]
@@ -186,7 +239,7 @@ class Grader:
         if self.stuck:
             return FAIL, "not run: an earlier check did not finish"
         session = plugin.PluginSession(self.world if self.world is not None else MPI.COMM_SELF)
-        limit = self.timeout * sum(len(r.dtypes) for r in ex.runs)      # --timeout per lesson run
+        limit = plugin.time_limit(ex, self.timeout)
         verdict, message = self._agree(lambda f, s: plugin.check(ex, f, s), getattr(student, ex.name),
                                        {}, session, self.n > 1, limit)
         if verdict == FAIL and "did not finish within" in message:
@@ -195,11 +248,21 @@ class Grader:
 
     def grade(self, path, exercise, only=None, i=0, prefix=""):
         """Grade one file; returns [row dicts]."""
+        from minidist.grader.integrity import Snapshot
         exercises = [e for e in checks_for(exercise) if only is None or e.number in only]
+        if self.snapshot is None:
+            self.snapshot = Snapshot()
+        before = self.snapshot.changed()
         try:
             student, load_error = load_student(path, i), None
         except Exception as e:
             student, load_error = None, f"the file does not import: {type(e).__name__}: {e}{where(e)}"
+        changed = self.snapshot.changed()
+        if before:
+            load_error = (f"not graded: an earlier file in this job changed the grader's own code ({before}); "
+                          "grade each file in a job of its own (python -m minidist.grade --ranks ...)")
+        elif changed:
+            load_error = f"the file changed the grader's own code ({changed}) when imported: not graded"
         rows = []
         for ex in exercises:
             t0 = time.perf_counter()
@@ -214,6 +277,8 @@ class Grader:
         if self.root:
             for row in rows:
                 tail = f": {row['message']}" if row["message"] and row["verdict"] != PASS else ""
+                if row["verdict"] == TODO and row["message"].startswith("exercise "):
+                    tail = ""          # the stub's own words repeat the number and the name
                 self.out(f"{prefix}{row['verdict']}  {row['exercise']} {row['name']}{tail}")
             n_pass = sum(r["verdict"] == PASS for r in rows)
             self.out(f"{prefix}{n_pass}/{len(rows)} exercises pass")
@@ -247,21 +312,39 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def rank_counts(text):
+    """argparse type: '3,4' -> (3, 4)."""
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rank counts such as 3,4, got {text!r}")
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"rank counts are at least 1, got {text!r}")
+    return counts
+
+
 def parse(argv):
     """The arguments, checked: (args, [(file, exercise)], only). Raises UsageError."""
     p = _Parser(prog="python -m minidist.grade", description=__doc__.split("\n\n")[0],
-                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                epilog=EPILOG.format(ranks=ranks_text()), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="exercise files or folders of them (a folder: its *.py files)")
     p.add_argument("--exercise", metavar="NN", help="which checks, e.g. 01 (default: from each file's name)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds one check may take (default %(default)s)")
-    p.add_argument("--only", nargs="+", metavar="N.M", help="grade only these exercises, e.g. --only 1.2")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds one check, or one lesson run of a plug-in check, may take (default %(default)s)")
+    p.add_argument("--only", action="append", metavar="N.M[,N.M]",
+                   help="grade only these exercises, e.g. --only 1.2 or --only 4.2,4.3")
+    p.add_argument("--ranks", type=rank_counts, metavar="R[,R]",
+                   help="without mpirun: grade each file in jobs of its own at these rank counts, e.g. 3,4 "
+                        "(default: the exercise's own)")
     p.add_argument("--json", metavar="PATH", help="also write the whole run to PATH as JSON")
     args = p.parse_args(argv)
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
+    if args.ranks and mpi_world() is not None:
+        raise UsageError("--ranks starts its own jobs: run it without mpirun")
     files = student_files(args.files)
     jobs = [(f, exercise_of(args.exercise or f)) for f in files]
-    only = set(args.only) if args.only else None
+    only = {n for item in args.only for n in item.split(",") if n} if args.only else None
     if only:
         numbers = {e.number for _, ex in jobs for e in checks_for(ex)}
         unknown = sorted(only - numbers)
@@ -278,6 +361,24 @@ def parse(argv):
     return args, jobs, only
 
 
+def in_separate_jobs(args, jobs):
+    """The rank counts to grade each file at in jobs of its own, or None to grade here:
+    under mpirun, inside such a job, or one file of a one-process exercise."""
+    from minidist.grader.classroom import IN_JOB
+    if mpi_world() is not None or os.environ.get(IN_JOB):
+        return None
+    if args.ranks:
+        return args.ranks
+    counts = sorted({n for _, ex in jobs for n in default_ranks(ex)})
+    if counts == [1] and len(jobs) == 1:
+        return None
+    return tuple(counts)
+
+
+def write_json(path, **run):
+    Path(path).write_text(json.dumps(run, indent=1) + "\n")
+
+
 def main(argv=None):
     try:
         args, jobs, only = parse(argv)
@@ -285,6 +386,15 @@ def main(argv=None):
         if _rank0():
             print(f"python -m minidist.grade: error: {e} (see --help)", file=sys.stderr)
         return 2
+    counts = in_separate_jobs(args, jobs)
+    if counts is not None:
+        from minidist.grader.classroom import grade_class
+        rows, files = grade_class(jobs, counts, args.timeout, only)
+        code = 0 if all(r["verdict"] == PASS for r in rows) else 1
+        if args.json:
+            write_json(args.json, ranks=list(counts), timeout=args.timeout, exit_code=code, results=rows,
+                       files=files)
+        return code
     g = Grader(args.timeout)
     rows = []
     for i, (path, exercise) in enumerate(jobs):
@@ -292,11 +402,11 @@ def main(argv=None):
         rows += g.grade(path, exercise, only, i, prefix)
     code = 0 if all(r["verdict"] == PASS for r in rows) else 1
     if args.json and g.root:
-        Path(args.json).write_text(json.dumps(dict(ranks=g.n, timeout=args.timeout, exit_code=code,
-                                                   results=rows), indent=1) + "\n")
+        write_json(args.json, ranks=g.n, timeout=args.timeout, exit_code=code, results=rows)
     sys.stdout.flush()
     if g.stuck:  # a thread is blocked inside MPI for good: MPI_Finalize would wait for it
-        g.ctl.Barrier()
+        if g.ctl is not None:
+            g.ctl.Barrier()
         os._exit(code)
     return code
 

@@ -52,6 +52,16 @@ class Run:
         return run if n == 1 else f"mpirun -n {n} {run}"
 
 
+LESSON_RUN_S = 60.0     # the least time one lesson run may take, whatever --timeout says
+
+
+def time_limit(ex, timeout):
+    """Seconds exercise ex's plug-in check may take: each lesson run gets --timeout, and at
+    least LESSON_RUN_S (a short --timeout is for the unit checks' deadlocks; a lesson run
+    on a loaded machine may need longer, and a hang there is rare)."""
+    return max(timeout, LESSON_RUN_S) * sum(len(r.dtypes) for r in ex.runs)
+
+
 class Counted:
     """The student's function, counting its calls (a run that never reaches it proves nothing)."""
 

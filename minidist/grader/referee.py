@@ -29,8 +29,8 @@ POLL_S = 0.002
 CAUSE_S = 0.5                 # after another rank's failure: how long this rank's check may still end on its own
 GRACE_S = 3.0                 # after a stop: how long a check's thread may take to end
 DEADLOCK = ("a deadlock? (every send needs a matching receive on the other rank, in an order "
-            "that cannot wait in a circle: the grader's Send waits for its Recv, as MPI's does for "
-            "large messages)")
+            "that cannot wait in a circle: the grader's Send and Isend complete only when their Recv "
+            "is posted, as MPI's do for large messages)")
 
 
 def said(exc):
