@@ -251,6 +251,9 @@ class Grader:
         from minidist.grader.integrity import Snapshot
         exercises = [e for e in checks_for(exercise) if only is None or e.number in only]
         if self.snapshot is None:
+            from minidist.grader.plugin import lesson_module
+            for run in {r.lesson for e in exercises for r in e.runs}:
+                lesson_module(run)        # imported now, so that the snapshot holds them too
             self.snapshot = Snapshot()
         before = self.snapshot.changed()
         try:

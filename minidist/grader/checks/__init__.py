@@ -52,8 +52,8 @@ def world_then_groups(s, cases):
     if s.sub is None:
         raise AssertionError("this check needs the session's groups (Session(split=True))")
     g = s.group
-    where = (f"in a communicator of {len(g)} ranks (world ranks {g[0]}..{g[-1]})" if len(g) > 1
-             else f"alone in a communicator of size 1 (world rank {g[0]})")
+    where = (f"in a communicator of {len(g)} ranks (world ranks {g[0]}..{g[-1]}, its ranks 0..{len(g) - 1})"
+             if len(g) > 1 else f"alone in a communicator of size 1 (world rank {g[0]}, its rank 0)")
     try:
         cases(s.sub)
     except Exception as e:        # a Misuse stays a Misuse; MPI's "invalid rank" becomes words
