@@ -96,3 +96,24 @@ def test_lesson_02_refuses_bad_flags_once_on_every_rank(flags, message):
     if "/proc/version" in flags and not Path("/proc/version").exists():
         pytest.skip("needs Linux /proc")
     assert_refused_once(mpirun_lesson("02_data_parallel", flags), message)
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_04_refuses_a_latency_too_long_to_draw_once_on_every_rank():
+    proc = mpirun_lesson("04_pipeline_parallel", ["--latency", "11"], n=2)
+    assert_refused_once(proc, "--latency: must be at most 10")
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_04_latency_shows_what_the_warmup_factor_buys(tmp_path):
+    """Interleaved at p = 2, m = 4, v = 2 with messages of a quarter of a chunk's forward: the
+    picture and the bubble with the latency, the schedule without the factor 2 beside today's
+    (the same bubble with free messages, a longer one with the latency), lines of at most 100."""
+    report, out = run(["minidist.lessons.04_pipeline_parallel", "--schedule", "interleaved", "--n-layer", "4",
+                       "--n-embd", "16", "--block-size", "8", "--batch-size", "4", "--steps", "1",
+                       "--latency", "0.25"], tmp_path, n=2)
+    fig = report["figures"]
+    assert fig["bubble_simulated"] == fig["bubble_formula"] == fig["bubble_simulated_warmup_factor_1"]
+    assert fig["bubble_simulated"] < fig["bubble_simulated_latency"] < fig["bubble_simulated_latency_warmup_factor_1"]
+    assert "the same schedule without the factor 2" in out and "2(pv-1) x 0.25" in out
+    assert max(len(line) for line in out.splitlines()) <= 100, max(out.splitlines(), key=len)

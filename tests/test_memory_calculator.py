@@ -61,6 +61,16 @@ def test_activation_formulas_by_hand():
     assert activation_layer_bytes(s, b, h, a, 1, False, "full") == 2 * s * b * h
 
 
+def test_full_recomputation_under_tensor_parallelism():
+    """Full recomputation keeps each layer's input, 2sbh: whole on every rank under plain TP
+    (the residual stream is replicated), cut t ways only under sequence parallelism."""
+    s, b, h, a = 2048, 1, 12288, 96
+    for t in (2, 8):
+        assert activation_layer_bytes(s, b, h, a, t, False, "full") == 2 * s * b * h, f"t={t} without SP"
+        assert activation_layer_bytes(s, b, h, a, t, True, "full") == 2 * s * b * h / t, f"t={t} with SP"
+        assert activation_layer_bytes(s, b, h, a, t, False, "selective") == pytest.approx(s * b * h * (10 + 24 / t))
+
+
 @pytest.mark.parametrize("argv", [["--params", "-1", "--dp", "4"], ["--params", "0", "--dp", "4"],
                                   ["--params", "x", "--dp", "4"], ["--params", "1e9", "--dp", "2.5"],
                                   ["--params", "1e9", "--dp", "4", "--seq", "128"],

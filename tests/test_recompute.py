@@ -103,6 +103,26 @@ def test_peak_equals_the_count_and_the_input_gradient_is_unchanged(policy, dropo
     assert harness.rel_diff(grad, want_grad)[0] <= TOL
 
 
+def test_switching_policies_on_one_model_equals_a_fresh_model():
+    """set_recompute on a live model, from every policy to every other (and back): the
+    meter's peak and the input's gradient are those of a fresh model built with the last
+    policy; a policy switched off leaves nothing checkpointed behind."""
+    cfg = _cfg(L=2, dropout=0.1)
+    fresh = {pol: _body_peak(GPT(cfg, seed=1).set_recompute(pol)) for pol in recompute.POLICIES}
+    for first in recompute.POLICIES:
+        for then in recompute.POLICIES:
+            model = GPT(cfg, seed=1).set_recompute(first)
+            _body_peak(model)                             # run once under the first policy
+            for pol in (then, first):
+                peak, grad = _body_peak(model.set_recompute(pol))
+                assert peak == fresh[pol][0], (f"{first} -> {then}" + (f" -> {first}" if pol is first else "")
+                                               + f": peak {peak:,} B, a fresh model with {pol} peaks at "
+                                               f"{fresh[pol][0]:,} B")
+                assert harness.rel_diff(grad, fresh[pol][1])[0] <= TOL
+                cores = [blk.attn.recompute_core for blk in model.transformer.h]
+                assert cores == [pol == "selective"] * cfg.n_layer, f"{first} -> {pol}: attention cores {cores}"
+
+
 def test_full_keeps_only_block_inputs_plus_one_rebuild():
     cfg = _cfg(L=4, dropout=0.1)
     none, _ = _body_peak(GPT(cfg, seed=1))

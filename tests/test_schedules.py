@@ -122,3 +122,71 @@ def test_picture():
     assert pic == ["rank 0  F0 F1 .. .. .. B0 -- B1 --",
                    "rank 1  .. F0 F1 B0 -- B1 -- .. .."]
     assert "F1.1" in S.picture(S.interleaved_1f1b(2, 2, 2), v=2)
+
+
+# ----------------------------------------------------------------------------- the interleaved warm-up and latency
+
+INTERLEAVED = [(p, m, v) for p in range(1, 9) for m in range(p, 17, p) for v in (2, 3, 4)]
+
+
+def test_interleaved_warmup_per_rank_is_megatrons():
+    """Rank r runs W = min(2(p-r-1) + (v-1)p, m v) forwards, then m v - W pairs of one forward
+    and one backward, then W backwards (Megatron-LM's and PyTorch's count). Dropping the
+    factor 2 keeps the schedule valid and the bubble equal with free messages: only this
+    pins it (the latency test below shows what it is for)."""
+    for p, m, v in INTERLEAVED:
+        sch, n = S.interleaved_1f1b(p, m, v), m * v
+        for r, acts in enumerate(sch):
+            want = min(2 * (p - r - 1) + (v - 1) * p, n)
+            ops = "".join(a[0] for a in acts)
+            shape = "F" * want + "FB" * (n - want) + "B" * want
+            lead = len(ops) - len(ops.lstrip("F"))
+            assert ops == shape, (f"interleaved_1f1b({p}, {m}, {v}), rank {r}: warm-up of {lead - (lead < n)} "
+                                  f"forwards, the formula 2(p-r-1) + (v-1)p capped at m v gives {want}")
+
+
+def test_latency_is_paid_on_fill_and_drain_only_with_the_factor_2():
+    """A message latency lam (up to one chunk's forward) lengthens the interleaved step by
+    exactly 2(pv-1) lam: the first micro-batch's way down, the last one's way back. Without
+    the factor 2 in the warm-up, the same bubble with free messages and a lower peak, but a
+    longer step as soon as messages take time (p = 4, m = 8, v = 2: 0.207 against 0.256
+    with a quarter of a chunk's forward)."""
+    cases = [(p, m, v) for p in range(2, 7) for m in (p, 2 * p) for v in (2, 3)] + [(4, 8, 4), (8, 16, 2)]
+    for p, m, v in cases:
+        with_2, without = S.interleaved_1f1b(p, m, v), S.interleaved_1f1b(p, m, v, warmup_factor=1)
+        free = S.simulate(with_2, p, m, v)
+        free_1 = S.simulate(without, p, m, v)
+        assert free_1.bubble == free.bubble and free_1.peak <= free.peak, (p, m, v)
+        for lam in (Fraction(1, 4), Fraction(1)):             # in chunk forwards (f = 1, a chunk f/v)
+            late = S.simulate(with_2, p, m, v, latency=lam / v)
+            assert late.total == free.total + 2 * (p * v - 1) * lam / v, (p, m, v, lam, late.total, free.total)
+            late_1 = S.simulate(without, p, m, v, latency=lam / v)
+            if without != with_2:                              # (capped alike when m = p, v = 2, p = 2)
+                assert late_1.bubble > late.bubble, (p, m, v, lam, late_1.bubble, late.bubble)
+    late = [S.simulate(S.interleaved_1f1b(4, 8, 2, k), 4, 8, 2, latency=Fraction(1, 8)).bubble for k in (2, 1)]
+    assert [round(float(b), 3) for b in late] == [0.207, 0.256]
+
+
+def test_latency_in_the_simulator_and_the_picture():
+    """GPipe on 2 ranks with messages of one forward, worked by hand; a message to the same
+    rank (one rank, two chunks) takes no time; 0 is the default."""
+    sch = S.gpipe(2, 2)
+    sim = S.simulate(sch, 2, 2, latency=1)
+    assert sim.start[(1, ("F", 0, 0))] == 2 and sim.start[(0, ("B", 0, 0))] == 7 and sim.total == 11
+    assert S.picture(sch, latency=1).splitlines() == ["rank 0  F0 F1 .. .. .. .. .. B0 -- B1 --",
+                                                      "rank 1  .. .. F0 F1 B0 -- B1 -- .. .. .."]
+    assert S.simulate(sch, 2, 2, latency=0).start == S.simulate(sch, 2, 2).start
+    one = S.interleaved_1f1b(1, 3, 2)
+    assert S.simulate(one, 1, 3, 2, latency=5).total == S.simulate(one, 1, 3, 2).total
+    with pytest.raises(ValueError, match="negative"):
+        S.simulate(sch, 2, 2, latency=-1)
+
+
+def test_picture_wraps_at_a_width():
+    sch = S.interleaved_1f1b(4, 8, 2)
+    whole = S.picture(sch, v=2).splitlines()
+    wrapped = S.picture(sch, v=2, width=100).splitlines()
+    assert max(map(len, wrapped)) <= 100 < max(map(len, whole))
+    assert wrapped[0].strip() == "t = 0" and wrapped[6].strip() == "t = 18"
+    rows = [" ".join(line[8:] for line in wrapped if line.startswith(f"rank {r}")) for r in range(4)]
+    assert rows == [line[8:] for line in whole]

@@ -4,6 +4,7 @@ micro-batches flow through them in a schedule; the run must equal one process.
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule gpipe --micro-batches 8
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule interleaved --chunks 2
+    mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule interleaved --latency 0.25
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule zb-h1 --trace pipeline.json
     mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --dropout 0.1
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --pp 2 --json out.json
@@ -15,8 +16,15 @@ every step and the weights with one process training the whole model on the same
 It prints what the real run measured beside the simulator and the formulas: the idle
 fraction of every rank, the micro-batches whose activations were alive at once, and the
 point-to-point bytes (b*s*h per micro-batch per boundary each way). With --pp smaller
-than the world, the other factor is data parallelism (ProcessGrid).
+than the world, the other factor is data parallelism (ProcessGrid). --latency gives the
+simulator's messages a time (a fraction of one chunk's forward): the schedule is drawn and
+its bubble simulated with it, and the interleaved schedule is shown beside the same one
+without the factor 2 of its warm-up, which is what that factor buys.
 """
+import argparse
+import textwrap
+from fractions import Fraction
+
 import numpy as np
 from mpi4py import MPI
 
@@ -32,6 +40,18 @@ from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
 OPS = "FBW"
+WIDTH = 100                                 # the pictures wrap at this many characters
+MAX_LATENCY = 10                            # chunk forwards; the pictures are drawn cell by cell
+
+
+def latency_value(text):
+    """argparse type of --latency: a number of chunk forwards, more than 0, at most MAX_LATENCY
+    (without the flag, messages take no time)."""
+    v = harness.positive_float(text)
+    if v > MAX_LATENCY:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_LATENCY} (forwards of one chunk: the picture is drawn cell by cell), got {v:g}")
+    return v
 
 
 def check_input(args, cfg, world):
@@ -93,9 +113,9 @@ def main(args):
     data = common.load_dataset(args, comm)
     grid = ProcessGrid(pp=pp, comm=comm)
     sched = schedules.build(args.schedule, pp, m, v)
-    say(f"Lesson 04: pipeline parallelism, pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
-        + f" on {world} ranks, schedule {args.schedule}" + (f" with {v} chunks per rank" if v > 1 else "")
-        + f", m={m} micro-batches\n")
+    say(textwrap.fill(f"Lesson 04: pipeline parallelism, pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
+                      + f" on {world} ranks, schedule {args.schedule}" + (f" with {v} chunks per rank" if v > 1 else "")
+                      + f", m={m} micro-batches", WIDTH) + "\n")
     per_dp = args.batch_size // grid.dp
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
         f"dropout={cfg.dropout} {cfg.dtype}")
@@ -107,9 +127,17 @@ def main(args):
     # --- the schedule as data: the picture and the simulator
     sim = schedules.simulate(sched, pp, m, v)
     bubble_formula = schedules.formula(args.schedule, pp, m, v)
+    lam = None if args.latency is None else Fraction(args.latency).limit_denominator(1000)   # in cells
+    late = None if lam is None else schedules.simulate(sched, pp, m, v, latency=lam / v)
     say("\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
-        + (", split into B = 1 and W = 1" if args.schedule == "zb-h1" else "") + "; '.' is the bubble)")
-    say(schedules.picture(sched, v))
+        + (",\nsplit into B = 1 and W = 1" if args.schedule == "zb-h1" else "") + "; '.' is the bubble)"
+        + ("" if lam is None else f",\nmessages taking {args.latency:g} of a cell (--latency; each action drawn "
+           "from the cell nearest its start)"))
+    say(schedules.picture(sched, v, latency=0 if lam is None else lam / v, width=WIDTH))
+    if lam is not None:
+        say(f"  one step: {_cells(sim.total * v)} cells with free messages, {_cells(late.total * v)} with "
+            f"messages of {args.latency:g}: bubble {float(sim.bubble):.4f} -> {float(late.bubble):.4f}")
+    factor_figures = warmup_factor_report(pp, m, v, lam, args.latency) if lam is not None and v > 1 else {}
 
     # --- the pipeline run
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
@@ -151,13 +179,12 @@ def main(args):
     tl[:, :, 3:] -= tl[:, :, 3].min()       # perf_counter: one monotonic clock for the processes of a node
     span = tl[:, :, 4].max() - tl[:, :, 3].min()
     idle = [1 - float((tl[r, :, 4] - tl[r, :, 3]).sum()) / span for r in range(world)]
-    total = sim.total
     say("\nthe bubble: idle fraction of each rank's time in one step")
-    harness.table([[f"rank {r}", f"{float(1 - sim.busy[r] / total):.3f}", f"{idle[r]:.3f}"]
-                   for r in range(world)] if grid.dp == 1 else
-                  [[f"rank {r} (stage {grid.coords(r)[1]})", f"{float(1 - sim.busy[grid.coords(r)[1]] / total):.3f}",
-                    f"{idle[r]:.3f}"] for r in range(world)],
-                  header=["", "simulated", "measured"])
+    sims = [sim] + ([] if late is None else [late])
+    harness.table([[f"rank {r}" + ("" if grid.dp == 1 else f" (stage {grid.coords(r)[1]})")]
+                   + [f"{float(1 - x.busy[grid.coords(r)[1]] / x.total):.3f}" for x in sims] + [f"{idle[r]:.3f}"]
+                   for r in range(world)],
+                  header=["", "simulated"] + ([] if late is None else [f"latency {args.latency:g}"]) + ["measured"])
     fname = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
              "interleaved": "(p-1)/(v m+p-1)", "zb-h1": "(p-1)(f+B-W)/T, Qi et al."}[args.schedule]
     if args.schedule == "interleaved" and v == 1:
@@ -165,9 +192,11 @@ def main(args):
     sim_b, meas_b = float(sim.bubble), float(np.mean(idle))
     exact = sim.bubble == bubble_formula
     say(f"  whole pipeline: simulated {sim_b:.4f} ({sim.bubble}), formula {fname} = {float(bubble_formula):.4f}"
-        f" ({bubble_formula}), measured {meas_b:.3f}"
-        + ("  simulated = formula" if exact else "  (the formula assumes m >= p)" if m < pp else ""))
-    say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages take time")
+        f" ({bubble_formula}),\n  measured {meas_b:.3f}"
+        + ("; simulated = formula" if exact else "; the formula assumes m >= p" if m < pp else "")
+        + ("" if late is None else f"; simulated with latency {args.latency:g}: {float(late.bubble):.4f}"))
+    say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages\n"
+        "  take time")
 
     # --- activations alive at once, measured beside the simulator
     peaks = common.mpi_reduce(comm, [runner.peak_live if r == comm.Get_rank() else 0 for r in range(world)], "max")
@@ -192,15 +221,15 @@ def main(args):
     want = [int(x) for x in np.atleast_1d(common.mpi_reduce(
         comm, [expected_p2p_bytes(model, sizes, item) if r == comm.Get_rank() else 0 for r in range(world)]))]
     bsh = (per_dp // m) * cfg.block_size * cfg.n_embd
-    say(f"\npoint-to-point bytes sent per step: b*s*h = {per_dp // m}*{cfg.block_size}*{cfg.n_embd} = {bsh:,} values "
+    say(f"\npoint-to-point bytes sent per step: b*s*h = {per_dp // m}*{cfg.block_size}*{cfg.n_embd} = {bsh:,} values\n"
         f"per micro-batch per boundary, each way")
     harness.table([[f"rank {r}", f"{got[r]:,}", f"{want[r]:,}", "equal" if got[r] == want[r] else "DIFFERENT"]
                    for r in range(world)], header=["", "measured", "formula", ""])
     per_replica = 2 * (pp * v - 1) * m * bsh * item
     say(f"  whole pipeline: 2 (p v - 1) m b s h x {item} bytes = {per_replica:,}"
         + (f" per replica x {grid.dp} = {per_replica * grid.dp:,}" if grid.dp > 1 else "") + f"; measured {sum(got):,}")
-    say("  besides: one all-reduce of wte's gradient between the first and last stage, one of the squared "
-        "norm for clipping, the loss broadcast from the last stage")
+    say("  besides: one all-reduce of wte's gradient between the first and last stage, one of the\n"
+        "  squared norm for clipping, the loss broadcast from the last stage")
     bytes_ok = got == want
 
     if args.trace:
@@ -210,6 +239,9 @@ def main(args):
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
     figures = {"bubble_simulated": sim_b, "bubble_formula": float(bubble_formula),
                "bubble_measured": meas_b, "p2p_bytes_measured": sum(got), "p2p_bytes_formula": sum(want)}
+    if late is not None:
+        figures.update({"latency_chunk_forwards": args.latency, "bubble_simulated_latency": float(late.bubble)},
+                       **factor_figures)
     for r in range(world):
         figures[f"peak_live_simulated_rank{r}"] = want_peaks[r]
         figures[f"peak_live_measured_rank{r}"] = peaks[r]
@@ -225,13 +257,54 @@ def main(args):
         losses={"reference": ref_losses, "parallel": losses},
         comm={"bytes_sent": {"send": max(got)}, "expected_bytes": {"send": max(want)}},
         memory=mem, step_time_s=step_time, figures=figures)
-    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on some "
-        "stage;\npeak live activations equal to the simulator's; point-to-point bytes equal to the formula")
+    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on\n"
+        "some stage; peak live activations equal to the simulator's; point-to-point bytes equal to the\nformula")
     if not peaks_ok:
         say("\nthe run kept other numbers of activations alive than the schedule says")
     if not bytes_ok:
         say("\nthe bytes sent differ from b*s*h per micro-batch per boundary: a message too many, or of the wrong size")
     return harness.finish(report, args)
+
+
+def _cells(t):
+    """A time in cells as the pictures count them: 57, 60.5."""
+    return f"{float(t):g}"
+
+
+def warmup_factor_report(p, m, v, lam, shown):
+    """What the factor 2 in the interleaved warm-up buys: the schedule with it and without it,
+    simulated with messages that take no time and with messages of lam cells (one chunk's
+    forward each). Prints a table and the picture without the factor; returns the figures."""
+    runs = {}
+    for k in (2, 1):
+        sch = schedules.interleaved_1f1b(p, m, v, warmup_factor=k)
+        runs[k] = (sch, schedules.simulate(sch, p, m, v), schedules.simulate(sch, p, m, v, latency=lam / v))
+    warm = {k: [min(k * (p - r - 1) + (v - 1) * p, m * v) for r in range(p)] for k in (2, 1)}
+    say(f"\nthe interleaved warm-up: rank r runs 2(p-r-1) + (v-1)p forwards (at most m v) before it\n"
+        f"alternates; without the factor 2, (p-r-1) + (v-1)p. Messages free, and taking {shown:g} of a cell:")
+    ranks = f"rank 0..{p - 1}" if p > 1 else "rank 0"
+    rows = [[f"warm-up forwards, {ranks}"] + [" ".join(map(str, warm[k])) for k in (2, 1)],
+            [f"peak live, {ranks}"] + [" ".join(map(str, runs[k][1].peak)) for k in (2, 1)],
+            ["bubble, messages free"] + [f"{float(runs[k][1].bubble):.4f}" for k in (2, 1)],
+            [f"bubble, messages {shown:g}"] + [f"{float(runs[k][2].bubble):.4f}" for k in (2, 1)],
+            ["one step, in cells"] + [f"{_cells(runs[k][1].total * v)} -> {_cells(runs[k][2].total * v)}"
+                                      for k in (2, 1)]]
+    harness.table(rows, header=["", "2(p-r-1) + (v-1)p", "(p-r-1) + (v-1)p"])
+    longer = {k: (runs[k][2].total - runs[k][1].total) * v for k in (2, 1)}
+    fill = 2 * (p * v - 1) * lam
+    say(f"  messages of {shown:g} make the step {_cells(longer[2])} cells longer with the factor"
+        + (f", 2(pv-1) x {shown:g}: only the fill\n  and the drain wait for them;" if longer[2] == fill else ",")
+        + f" {_cells(longer[1])} cells longer without it")
+    say(f"\nthe same schedule without the factor 2, messages taking {shown:g} of a cell:")
+    say(schedules.picture(runs[1][0], v, latency=lam / v, width=WIDTH))
+    say("  Without the factor the schedule is as valid, as fast while messages are free, and holds p-r-1\n"
+        "  fewer micro-batches on rank r. But its steady state has almost no slack: most forwards wait\n"
+        "  for inputs that free messages bring just in time, so a message that takes time is waited\n"
+        "  for again, step after step (the dots amid the steady state above). The factor keeps p-r-1\n"
+        "  more micro-batches in flight: a latency of up to one cell is then paid on the fill and the\n"
+        "  drain only.")
+    return {"bubble_simulated_latency_warmup_factor_1": float(runs[1][2].bubble),
+            "bubble_simulated_warmup_factor_1": float(runs[1][1].bubble)}
 
 
 def _allgather_names(comm, names):
@@ -266,6 +339,10 @@ def build_parser():
     p.add_argument("--chunks", type=harness.positive_int, metavar="V",
                    help="model chunks per rank for --schedule interleaved only (default 2)")
     p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
+    p.add_argument("--latency", type=latency_value, metavar="F",
+                   help="give each message between ranks the time of F chunk forwards (0.25: a quarter of one; "
+                        f"more than 0, at most {MAX_LATENCY}) in the picture and the simulated bubble; with "
+                        "--schedule interleaved, also the same schedule without the factor 2 of its warm-up")
     p.add_argument("--trace", metavar="PATH", help="write the last step's timeline as Chrome trace JSON")
     common.add_step_flags(p, clip_off=False)
     return p

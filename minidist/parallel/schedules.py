@@ -16,8 +16,9 @@ to the next virtual stage, a B's input gradient to the previous one.
 
 One schedule, three uses: `picture` draws it (ranks as rows, time as columns, as the
 Megatron-LM and zero-bubble papers draw theirs), `simulate` runs it in logical time
-(the bubble fraction and peak live activations per rank), and
-minidist/parallel/pipeline_parallel.py executes it in a real training step.
+(the bubble fraction and peak live activations per rank; messages take no time unless
+given a latency), and minidist/parallel/pipeline_parallel.py executes it in a real
+training step.
 `validate` is the referee for all three: it refuses a schedule that could not run.
 
 Bubble fractions of the total time (docs/reference.md#pipeline-bubbles), forward and
@@ -70,13 +71,28 @@ def one_f_one_b(p, m):
     return out
 
 
-def interleaved_1f1b(p, m, v):
+def interleaved_1f1b(p, m, v, warmup_factor=2):
     """Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): v chunks per rank.
 
     Forwards go in groups of p micro-batches: chunk 0 for micro-batches 0..p-1, then
     chunk 1 for the same ones, ..., then chunk 0 for the next p; backwards in the same
-    groups from the last chunk down. Rank r warms up with 2(p-r-1) + (v-1)p forwards, so
-    that a backward's gradient has arrived when it is due. m must be a multiple of p.
+    groups from the last chunk down. Rank r warms up with 2(p-r-1) + (v-1)p forwards (at
+    most m v, all of them), then alternates one forward and one backward, then drains.
+    m must be a multiple of p. Megatron-LM's and PyTorch's interleaved schedules warm up
+    with the same count, capped the same way.
+
+    Why 2(p-r-1) and not p-r-1: with p-r-1 the schedule is just as valid, just as fast
+    while messages take no time, and holds p-r-1 fewer micro-batches on rank r (p = 4,
+    m = 8, v = 2: peaks 8 7 6 5 against 11 9 7 5). But it has almost no slack: in its
+    steady state most forwards start the moment their inputs arrive, so a message that
+    takes time is waited for again at every step. The p-r-1 more forwards put that
+    many more micro-batches in flight ahead of rank r's backwards, and the steady state
+    gets slack: a message latency lam of up to one chunk's forward lengthens the step by
+    exactly 2(pv-1) lam, the first micro-batch's way down through the pv-1 boundaries
+    and the last one's way back up (tests/test_schedules.py); without the factor, by
+    more, growing with m (p = 4, m = 8, v = 2, lam a quarter of a chunk's forward: bubble
+    0.207 with it, 0.256 without). simulate(..., latency=) shows it; lesson 04's
+    --latency draws both. warmup_factor=1 builds the variant without the factor.
     """
     if v == 1:
         return one_f_one_b(p, m)
@@ -92,7 +108,7 @@ def interleaved_1f1b(p, m, v):
 
     out = []
     for r in range(p):
-        warm = min(2 * (p - r - 1) + (v - 1) * p, n)
+        warm = min(warmup_factor * (p - r - 1) + (v - 1) * p, n)
         acts = [fwd(k) for k in range(warm)]
         for k in range(n - warm):
             acts += [fwd(warm + k), bwd(k)]
@@ -275,21 +291,30 @@ def costs_of(schedule, v=1, costs=(1, 2, 1)):
     return {"F": f / v, "B": (b - w if split else b) / v, "W": w / v}
 
 
-def simulate(schedule, p, m, v=1, costs=(1, 2, 1)):
+def simulate(schedule, p, m, v=1, costs=(1, 2, 1), latency=0):
     """Run a valid schedule in logical time: each action starts when its rank is free and
-    its message has arrived (communication free), and lasts its cost.
+    its message has arrived, and lasts its cost.
+
+    latency: the time a message between two ranks takes, in the units of costs (a
+    chunk's forward takes f/v): an action that waits for another rank's starts no
+    earlier than that action's end plus latency. 0, the default, is the formulas'
+    assumption: communication is free.
 
     Peak live activations per rank: (micro-batch, chunk) pairs whose forward has run and
     whose last backward action (B, or W in a split schedule) has not.
     """
     validate(schedule, p, m, v)
     cost = costs_of(schedule, v, costs)
+    latency = Fraction(latency)
+    if latency < 0:
+        raise ValueError(f"a message cannot take negative time, got latency {latency}")
     split = any(a[0] == "W" for acts in schedule for a in acts)
     end, start = {}, {}
     free = [Fraction(0)] * p
     for r, a in progress(schedule, p, v):        # an order in which every wait is already met
         dep = depends_on(a, r, p, v)
-        t0 = max(free[r], end[dep] if dep else 0)
+        arrives = 0 if dep is None else end[dep] + (latency if dep[0] != r else 0)
+        t0 = max(free[r], arrives)
         start[(r, a)], end[(r, a)] = t0, t0 + cost[a[0]]
         free[r] = end[(r, a)]
     total = max(free)
@@ -320,25 +345,44 @@ def formula(name, p, m, v=1, costs=(1, 2, 1)):
     raise ScheduleError(f"unknown schedule {name!r}")
 
 
-def picture(schedule, v=1, costs=(1, 2, 1)):
+def picture(schedule, v=1, costs=(1, 2, 1), latency=0, width=None):
     """The schedule as text: one row per rank, one column per unit of logical time.
 
     Every action is drawn as cost x one cell (a chunk as wide as a whole stage, so
     the picture stays readable when interleaved); '.' is idle time: the bubble.
+    latency: a message's time, in the units of costs as simulate's (a cell is one chunk's
+    forward, f/v); an action is drawn from the cell nearest to its start, so latencies
+    of a fraction of a cell show where they add up.
+    width: wrap the rows into blocks of at most that many characters, each headed by
+    the time its first column starts at (None: one line per rank, however long).
     """
     p = len(schedule)
     m = 1 + max(a[1] for acts in schedule for a in acts)
-    sim = simulate(schedule, p, m, v, costs=costs) if v == 1 else simulate(
-        schedule, p, m, v, costs=tuple(Fraction(c) * v for c in costs))
-    width = max(len(fmt(a, v)) for acts in schedule for a in acts)
-    cells = int(sim.total)
+    sim = simulate(schedule, p, m, v, costs=tuple(Fraction(c) * v for c in costs), latency=Fraction(latency) * v) \
+        if v > 1 else simulate(schedule, p, m, v, costs=costs, latency=latency)
+    w = max(len(fmt(a, v)) for acts in schedule for a in acts)
+
+    def cell(t):                                   # the nearest whole cell (halves up)
+        return int(t + Fraction(1, 2)) if latency else int(t)
+
+    spans = {(r, a): (cell(sim.start[(r, a)]), cell(sim.start[(r, a)]) + int(sim.end[(r, a)] - sim.start[(r, a)]))
+             for r in range(p) for a in schedule[r]}
+    cells = max(t1 for _, t1 in spans.values())
     rows = []
     for r in range(p):
-        line = ["." * width] * cells
+        line = ["." * w] * cells
         for a in schedule[r]:
-            t0, t1 = int(sim.start[(r, a)]), int(sim.end[(r, a)])
-            line[t0] = fmt(a, v).ljust(width)
+            t0, t1 = spans[(r, a)]
+            line[t0] = fmt(a, v).ljust(w)
             for t in range(t0 + 1, t1):
-                line[t] = "-" * width
-        rows.append(f"rank {r}  " + " ".join(line))
-    return "\n".join(rows)
+                line[t] = "-" * w
+        rows.append(line)
+    head = [f"rank {r}  " for r in range(p)]
+    per = cells if width is None else max(1, (width - len(head[-1]) + 1) // (w + 1))
+    if per >= cells:
+        return "\n".join(h + " ".join(line) for h, line in zip(head, rows))
+    blocks = []
+    for c0 in range(0, cells, per):
+        blocks.append("\n".join([" " * len(head[-1]) + f"t = {c0}"]
+                                + [h + " ".join(line[c0:c0 + per]) for h, line in zip(head, rows)]))
+    return "\n\n".join(blocks)

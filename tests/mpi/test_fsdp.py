@@ -2,8 +2,9 @@
 
     mpirun -n 3 python -m pytest --only-mpi tests/mpi/test_fsdp.py
 
-float64, 3 AdamW steps with clipping that clips, 2 micro-batches per rank, 3 blocks so a
-prefetch really overlaps a unit, and unit sizes that 3, 4 and 8 do not divide. Each
+float64, 3 AdamW steps with clipping that clips, 2 micro-batches per rank, 4 blocks so a
+prefetch really overlaps a unit (and one of the unit after next would show: with 3 blocks
+it peaks and gathers in the same order), and unit sizes that 3, 4 and 8 do not divide. Each
 rank's shards of the raw gradients and weights are compared with the same slices of the
 reference's (zero.reference_slice). Every choice (reshard after forward or not, prefetch
 or not) is held to: the bytes of the ring exactly, the paper's count within the chunks'
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
-SETUP = Setup(n_layer=3)
+SETUP = Setup(n_layer=4)
 CFG, DATA, ARGS, TC = SETUP.cfg, SETUP.data, SETUP.args, SETUP.tc
 fresh, reference = SETUP.fresh, SETUP.reference
 
@@ -78,15 +79,21 @@ def test_fsdp_equals_one_process_with_exact_bytes_and_peak(reshard, prefetch):
 
 def test_the_units_timeline_goes_down_then_up():
     """Forward gathers the root and blocks 1..L in order; backward gathers (or waits for) the
-    blocks from L down, and reduce-scatters each before the one below it."""
+    blocks from L down, and reduce-scatters each before the one below it. Each prefetch
+    brings the next unit: unit u+1 as forward reaches u, u-1 as backward does (never the
+    root, gathered at the start and kept)."""
     r = run(True, True)
-    events = r.f.units.events
+    events, units = r.f.units.events, len(r.f.units.groups)
     start = max(i for i, e in enumerate(events) if e[0] == 0 and e[1] == "gather")
     last = events[start:]
-    fwd = [u for u, what, _, _ in last if what in ("gather", "wait")][:4]
+    fwd = [u for u, what, _, _ in last if what in ("gather", "wait")][:units]
     reduced = [u for u, what, _, _ in last if what == "reduce-scatter"]
-    assert fwd == [0, 1, 2, 3], last
-    assert reduced == [3, 2, 1, 0], reduced
+    assert fwd == list(range(units)), last
+    assert reduced == list(range(units - 1, -1, -1)), reduced
+    fetched = [(prev, u) for prev, (u, what, _, _) in zip(last, last[1:]) if what == "prefetch"]
+    want = [(u - 1, u) for u in range(2, units)] + [(u + 1, u) for u in range(units - 2, 0, -1)]
+    assert [(p[0], u) for p, u in fetched] == want, \
+        f"(unit gathered, unit it prefetched): {[(p[0], u) for p, u in fetched]}, want {want}"
 
 
 def test_a_unit_never_freed_fails(monkeypatch):

@@ -69,3 +69,26 @@ def test_mismatch_found_on_every_rank(comm):
     handle = ring_all_reduce_start(comm, np.zeros(3 + comm.Get_rank()))
     with pytest.raises(MismatchError):
         handle.wait()
+
+
+def test_several_communicators_with_different_calls_in_flight(comm):
+    """Two groups of the world (even and odd ranks) run one and two background all-reduces,
+    then one runs over the world while theirs are still in flight: each communicator counts
+    its own tags, so the world's all-reduce has the same tag on every rank (a counter shared
+    by all communicators would give the even and the odd ranks different ones: a deadlock)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        pytest.skip("two groups need two ranks")
+    # not freed: nonblocking keys its tag counters by the communicator's handle, which MPI
+    # hands to the next communicator made after a Free (with this test's counters in it)
+    group = comm.Split(rank % 2, rank)
+    xs = [inputs(group.Get_size(), (5 + i,), np.float64, seed=40 + i) for i in range(1 + rank % 2)]
+    mine = [ring_all_reduce_start(group, x[group.Get_rank()]) for x in xs]
+    world_x = inputs(size, (7,), np.float64, seed=45)
+    handle = ring_all_reduce_start(comm, world_x[rank])
+    tags = np.empty(size, np.int64)
+    comm.Allgather(np.array([handle.tag], np.int64), tags)
+    assert len(set(tags.tolist())) == 1, f"the world's all-reduce has tags {tags.tolist()} on ranks 0..{size - 1}"
+    assert_close(handle.wait(), reference(world_x, "sum"), "the world's all-reduce beside the groups'")
+    for h, x in zip(mine, xs):
+        assert_close(h.wait(), reference(x, "sum"), f"group {rank % 2}'s all-reduce")

@@ -138,6 +138,52 @@ def test_replicated_parameters_stay_identical_across_the_group():
         grid.tp_comm.Allgather(crc, every)
         assert len(set(every.tolist())) == 1, f"{name} differs across the tensor-parallel group"
 
+# ----------------------------------------------------------------------------- uneven sequence chunks
+
+
+def test_sequence_bounds_are_the_collectives_chunks():
+    """For every T up to 2t + 2: the tokens sequence_bounds gives this rank are the chunk the
+    reduce-scatter along the sequence hands it, and the all-gather of those chunks is the
+    whole sequence in order (array_split's chunks, not ceil-sized ones)."""
+    for n in range(1, 2 * WORLD + 3):
+        x = np.arange(2 * n * 3, dtype=np.float64).reshape(2, n, 3)
+        lo, hi = sequence_parallel.sequence_bounds(n, COMM)
+        mine = np.asarray(sequence_parallel._reduce_scatter(COMM, x))
+        assert mine.shape == (2, hi - lo, 3), (f"T={n}, t={WORLD}, rank {COMM.Get_rank()}: sequence_bounds gives "
+                                               f"tokens [{lo}, {hi}), the reduce-scatter {mine.shape[1]} of them")
+        assert np.array_equal(mine, WORLD * x[:, lo:hi]), f"T={n}: the reduce-scatter's chunk is not [{lo}, {hi})"
+        whole = np.asarray(sequence_parallel._all_gather(COMM, x[:, lo:hi]))
+        assert np.array_equal(whole, x), f"T={n}: the all-gather of the bounds' chunks is not the sequence"
+
+
+def uneven_length():
+    """A sequence length T with T mod t outside {0, t-1}, where array_split's chunks differ from
+    ceil(T/t)-sized ones (None below t = 3: there the two cuts agree for every T)."""
+    return WORLD + 1 if WORLD >= 3 else None
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_sequence_parallel_at_an_uneven_length(dropout):
+    """One step of tp + sp at T = t + 1 (t = 3: chunks 2, 1, 1), dropout on and off: the loss
+    and every raw gradient equal one process's."""
+    n = uneven_length()
+    if n is None:
+        pytest.skip(f"at t={WORLD} every sequence length cuts the same way either way")
+    cfg = GPTConfig(block_size=n, vocab_size=V, n_layer=1, n_head=24, n_embd=48, dropout=dropout, dtype="float64")
+    g = np.random.default_rng([SEED, n])
+    x, y = g.integers(0, V, (2, n)), g.integers(0, V, (2, n))
+    got = {}
+    for name, model in (("one process", GPT(cfg, seed=SEED)),
+                        ("tp+sp", TensorParallelGPT(GPT(cfg, seed=SEED), COMM, sequence_parallel=True))):
+        sync = TensorParallelSync(model) if name == "tp+sp" else None
+        raw = {}
+        loss, _ = train_step(model, adamw(model), micro_batches(x, y, 0, SEED, 1), 1e-3, 0.0, dp=sync, raw_grads=raw)
+        state = (gather_state(model, raw, prefix="grad:") if name == "tp+sp"
+                 else {f"grad:{k}": v for k, v in raw.items()})
+        got[name] = dict(state, loss=np.array([loss]))
+    rel, _, worst = harness.compare(got["tp+sp"], got["one process"])
+    assert mpi_reduce(COMM, rel) <= 1e-10, f"T={n}, t={WORLD}, dropout {dropout}: max_rel_diff {rel:.2e} in {worst}"
+
 # ----------------------------------------------------------------------------- bytes
 
 

@@ -86,15 +86,18 @@ def test_a_cache_that_forgets_the_past_is_caught(monkeypatch):
     assert logits_rel_diff(tp, logits, want_logits) > 1e-3
 
 
-def test_generation_bytes_equal_the_formula():
-    tp = TensorParallelGPT(GPT(config(), seed=1), COMM)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_generation_bytes_equal_the_formula(dtype):
+    """In float32 too: the token ids' all-reduce is int64 whatever the activations' dtype
+    (in float64 alone, ids counted at the activations' itemsize would pass)."""
+    tp = TensorParallelGPT(GPT(config(dtype), seed=1), COMM)
     idx = np.zeros((2, 3), np.int64)
     with stats.measure() as m:
         generate_greedy(tp, idx, 9)
     want = [generation_bytes(tp, 2, f)["all_reduce"] for f in generation_feeds(3, 9, T)]
     got = (m["all_reduce"]["calls"] if WORLD > 1 else 0, m.bytes_sent("all_reduce"))
     assert generation_feeds(3, 9, T) == [3, 1, 1, 1, 1, 1, 8, 8, 8]
-    assert got[1] == sum(b for _, b in want), f"bytes {got[1]}, formula {sum(b for _, b in want)}"
+    assert got[1] == sum(b for _, b in want), f"{dtype}: bytes {got[1]}, formula {sum(b for _, b in want)}"
     if WORLD > 1:
         assert got[0] == sum(c for c, _ in want)
     assert set(n for n in m if n != "check") <= {"all_reduce"}

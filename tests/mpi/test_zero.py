@@ -75,6 +75,10 @@ def test_equals_one_process_and_bytes_and_memory(case):
     assert abs(mem["optimizer"] - want["optimizer"]) <= 2 * item * len(z.groups)
     if z.stage >= 2:
         assert mem["grads"] == item * held
+    else:                                                # stage 1 keeps the local gradient beside its partition
+        assert mem["grads"] == item * (psi + held), (mem["grads"], item * (psi + held))
+    assert abs(mem["grads"] - want["grads"]) <= item * len(z.groups), \
+        f"{case}: gradients held {mem['grads']:,} B, paper_memory says {want['grads']:,.0f} B"
     # the gradient peak, read from the arrays: naive holds the whole gradient (beside the
     # partition of the first micro-batch), overlapped at most two buckets' copies in flight
     full = item * psi
