@@ -39,3 +39,65 @@ def test_unknown_kind_must_raise():
         return [] if kind not in ("tp", "pp", "dp") else grid_group(rank, kind, tp, pp, dp)
     with pytest.raises(AssertionError, match="ValueError"):
         check_group(lenient)
+
+
+def _group(rank, kind, tp, pp, dp):
+    d, p, t = rank // (tp * pp), (rank // tp) % pp, rank % tp
+    members = {"tp": [d * pp * tp + p * tp + i for i in range(tp)], "pp": [d * pp * tp + i * tp + t for i in range(pp)],
+               "dp": [i * pp * tp + p * tp + t for i in range(dp)]}
+    if kind not in members:
+        raise ValueError(kind)
+    return members[kind]
+
+
+def test_reading_the_expected_value_from_the_checks_frames_fails():
+    """The expected group is computed after grid_group returns: no frame holds it while it runs."""
+    import sys
+
+    def reads_frames(rank, kind, tp, pp, dp):
+        _group(rank, kind, tp, pp, dp)                 # the ValueError of an unknown kind
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if isinstance(value, dict) and isinstance(value.get(kind), list):
+                    return list(value[kind])
+            for name in ("w", "want", "expected"):
+                if isinstance(frame.f_locals.get(name), list):
+                    return list(frame.f_locals[name])
+            frame = frame.f_back
+        return [rank]
+    with pytest.raises(AssertionError, match=r"returned \[0\], expected \[0, 1\]"):
+        check_group(reads_frames)
+
+
+def test_a_generator_is_named_as_such():
+    with pytest.raises(AssertionError, match="returned a generator; a list of the group's world ranks is expected"):
+        check_group(lambda *a: (m for m in _group(*a)))
+    with pytest.raises(AssertionError, match="returned a generator"):
+        check_coords(lambda r, tp, pp, dp: (x for x in (r // (tp * pp), (r // tp) % pp, r % tp)))
+
+
+def test_a_list_reused_between_calls_fails():
+    kept = []
+
+    def reused(*args):
+        kept[:] = _group(*args)
+        return kept
+    with pytest.raises(AssertionError, match="when grid_group was called again with other arguments"):
+        check_group(reused)
+
+
+def test_the_students_own_assert_is_named_as_theirs():
+    def asserts(rank, kind, tp, pp, dp):
+        assert tp * pp * dp <= 16, "too many ranks"
+        return _group(rank, kind, tp, pp, dp)
+    with pytest.raises(AssertionError, match="your code's assert failed: too many ranks"):
+        check_group(asserts)
+
+
+def test_grid_coords_is_plugged_into_lesson_07_on_4_ranks():
+    from minidist.grader.plugin import Run
+    (coords, group) = EXERCISES
+    assert coords.runs and all(isinstance(r, Run) and r.lesson == "07_3d_parallel" and r.ranks == 4
+                               for r in coords.runs)
+    assert group.runs == ()      # no lesson calls grid_group (ProcessGrid's tables only)

@@ -9,7 +9,11 @@ your file under MPI at 3 ranks and at 4:
     mpirun -n 3 python -m minidist.grade lessons/exercises/06_fsdp.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/06_fsdp.py
 
-The package's answers, which lesson 06 runs, are in minidist/parallel/fsdp.py.
+The grader calls each function on several units, in float64 and in float32, of sizes
+that no world size divides (the shards differ in length by one), and checks that the
+units gathered earlier keep their values; then it runs lesson 06 with your function in
+the package's place, in float64 and float32. The package's answers, which lesson 06
+runs, are in minidist/parallel/fsdp.py.
 """
 import numpy as np  # noqa: F401  (you will want it)
 
@@ -20,9 +24,11 @@ def gather_params(comm, group):
     """All-gather the unit and point its parameters at the result; return the flat buffer.
 
     ring_all_gather(comm, group.shard) joins every rank's shard in rank order (pieces may
-    differ by one element): the unit's whole flat buffer of group.n values. Then
-    group.point(full) makes each parameter (group.params) a view of its part of it: views,
-    not copies, so the unit is held once. Leave group.shard unchanged, and keep no other
+    differ by one element: gather them as they are, unpadded): the unit's whole flat
+    buffer of group.n values, of the unit's dtype (group.dtype: a float32 unit stays
+    float32). Then group.point(full) makes each parameter (group.params) a view of its
+    part of it: views, not copies, so the unit is held once. A new buffer each call (the
+    units gathered before keep theirs). Leave group.shard unchanged, and keep no other
     reference to the buffer (free_params must be able to free it). The grader holds you
     to one ring all-gather's bytes.
     """
@@ -31,9 +37,11 @@ def gather_params(comm, group):
 
 def free_params(group):
     """Free a gathered unit: point every parameter of group.params at an empty array of
-    the unit's dtype (group.dtype), so nothing keeps the gathered buffer alive. Local: no
-    messages. (The package shares one empty array per dtype.) Keep no reference to the
-    buffer or its views (a global, a list, the group): the grader checks, with a weakref
-    and gc.collect(), that the buffer is gone after free_params.
+    the unit's dtype (group.dtype), so nothing keeps the gathered buffer alive: an array,
+    not None (the model reads a freed parameter's shape and dtype). Local: no messages.
+    (The package shares one empty array per dtype.) Keep no reference to the buffer or
+    its views (a global, a list, the group): the grader checks, with a weakref and
+    gc.collect(), that the buffer is gone after free_params. Leave group.shard as it is:
+    the next gather is made from it (the grader gathers the unit again after your free).
     """
     raise NotImplementedError("exercise 6.2: free_params")

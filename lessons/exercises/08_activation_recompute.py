@@ -9,12 +9,16 @@ in backward). Replace each `raise` with your code, then grade your file:
 
     python -m minidist.grade lessons/exercises/08_activation_recompute.py
 
-The grader checks, on a GPT block in float64 with dropout: that your forward's output
-equals the block's and keeps nothing for backward (the meter, minidist.tensor.MEMORY,
-reads the same before and after); that your backward's gradients (of the input and of
-every parameter) equal the block's without recomputation exactly; that the dropout
-masks of the rerun are the forward's; and that every DropoutRNG counter is back where
-it was when your backward returns.
+The grader checks, on a chain of three GPT blocks in float64 with dropout, whose
+DropoutRNG's counter does not start at 0 (the layers before drew masks too): that your
+forward's output equals each block's and keeps nothing for backward (the meter,
+minidist.tensor.MEMORY, reads the same before and after), returns the counters as they
+were before fn ran, and leaves the counter where fn left it (the next block draws after
+it); that your backward returns a gradient for the input that requires one, that its
+rerun draws the forward's masks, and that the gradients (of the input and of every
+parameter) equal the blocks' without recomputation exactly; and that every DropoutRNG
+counter is back where it was when your backward returns. Then lesson 08 runs with your
+function in the package's place, every policy, in float64 and float32.
 """
 from minidist.recompute import dropout_counters  # noqa: F401  (given: [(rng, calls)] for the inputs' DropoutRNGs)
 from minidist.tensor import Tensor, no_grad  # noqa: F401  (you will want them)

@@ -45,7 +45,7 @@ EMPTY = {}   # dtype -> the zero-size array a freed parameter points at
 
 def gather_params(comm, group):
     """All-gather a unit's shards into one flat buffer and point its parameters at views
-    of it. Returns the buffer. (Exercise 5.3, first part.)"""
+    of it. Returns the buffer. (Exercise 6.1.)"""
     full = ring_all_gather(comm, group.shard)
     group.point(full)                      # each parameter a view of its part of `full`
     return full
@@ -53,7 +53,7 @@ def gather_params(comm, group):
 
 def free_params(group):
     """Point a unit's parameters at an empty array: the gathered buffer goes (nodes of the
-    graph saved these parameters by reference, context.ON_DEMAND). (Exercise 5.3.)"""
+    graph saved these parameters by reference, context.ON_DEMAND). (Exercise 6.2.)"""
     empty = EMPTY.setdefault(group.dtype, np.empty(0, group.dtype))
     for p in group.params:
         p.data = empty
