@@ -46,11 +46,15 @@ class ProcessGrid:
         self.tp, self.pp, self.dp = tp, pp, dp
         self.size, self.rank = size, self.world.Get_rank()
         self.dp_rank, self.pp_rank, self.tp_rank = self.coords(self.rank)
-        # Split(color, key): ranks with the same color form one group, ordered by key
+        # Split(color, key): ranks with the same color form one group, ordered by key. A
+        # group is named by its first member (groups of one kind do not overlap), and my key
+        # is my place in it, so the communicators are exactly what grid_group says.
         with waiting("ProcessGrid: Split of the world into tp, pp and dp groups"):
-            self.tp_comm = self.world.Split(self.dp_rank * pp + self.pp_rank, self.tp_rank)
-            self.pp_comm = self.world.Split(self.dp_rank * tp + self.tp_rank, self.pp_rank)
-            self.dp_comm = self.world.Split(self.pp_rank * tp + self.tp_rank, self.dp_rank)
+            self.tp_comm, self.pp_comm, self.dp_comm = (self._split(kind) for kind in ("tp", "pp", "dp"))
+
+    def _split(self, kind):
+        group = [int(r) for r in grid_group(self.rank, kind, self.tp, self.pp, self.dp)]
+        return self.world.Split(group[0], group.index(self.rank))
 
     # ----------------------------------------------------------------------- coordinates
 

@@ -176,6 +176,11 @@ def settle(ctl, tag, thread, result, session, timeout):
                 talk.tell(S_STOPPED, "stopped")
             if talk.me in talk.heard and thread is not None and thread.is_alive() and session is not None:
                 session.stop()
+            elif talk.me not in talk.heard:     # wait a moment (or until the check ends), never spin:
+                if thread is not None:          # a spinning main thread starves the check of the GIL
+                    thread.join(POLL_S)
+                else:
+                    time.sleep(POLL_S)
             continue
         if everyone:
             return talk.finish()
