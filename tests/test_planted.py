@@ -261,10 +261,11 @@ ALL_07 = {"07_good_student.py": {"7.1": None, "7.2": None},
 
 
 def test_planted_07_grid_bugs_fail_and_the_stubs_are_todo(tmp_path):
-    """Serial checks over many factorisations, graded under mpirun -n 1: pp fastest and a
+    """Serial checks over many factorisations, graded under mpirun -n 4 (the plug-in check runs
+    lesson 07 on a 2 x 2 grid): pp fastest and a
     group one member short FAIL in words; a student's own correct file PASSes."""
     stubs = ROOT / "lessons" / "exercises" / "07_3d_parallel.py"
-    proc, run = grade(1, [stubs] + [PLANTED / f for f in ALL_07], "07", 30, tmp_path)
+    proc, run = grade(4, [stubs] + [PLANTED / f for f in ALL_07], "07", 30, tmp_path)
     assert [r["verdict"] for r in run["results"] if r["file"] == str(stubs)] == ["TODO"] * 2, run["results"]
     run["results"] = [r for r in run["results"] if r["file"] != str(stubs)]
     assert_rows(proc, run, ALL_07, 30, deadlock=False)

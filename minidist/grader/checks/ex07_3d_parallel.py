@@ -154,15 +154,16 @@ def check_group(fn):
                          "an unknown kind is an error")
 
 
-# Lesson 07 on the job's first 4 ranks, its ProcessGrid built with your grid_coords: tp 2 x
-# pp 2 (a pipeline of two tensor-parallel stages) in float64, tp 2 x dp 2 (two replicas) in
-# float32. (One dtype each: the coordinates do not depend on it, and a lesson run on 4
-# ranks is the slowest part of grading 07.)
+# Lesson 07 on the job's first 4 ranks, its ProcessGrid built with your grid_coords (7.1) or
+# grid_group (7.2: its lists become the grid's communicators): tp 2 x pp 2 (a pipeline of
+# two tensor-parallel stages) in float64, tp 2 x dp 2 (two replicas) in float32. (One dtype
+# each: the coordinates do not depend on it, and a lesson run on 4 ranks is the slowest
+# part of grading 07.)
 SMALL = ("--n-layer", "2", "--n-head", "2", "--n-embd", "8", "--block-size", "4", "--batch-size", "4", "--steps", "1")
 RUNS = (Run("07_3d_parallel", ("--tp", "2", "--pp", "2") + SMALL, ranks=4, dtypes=("float64",)),
         Run("07_3d_parallel", ("--tp", "2", "--dp", "2") + SMALL, ranks=4, dtypes=("float32",)))
 
 EXERCISES = [
     Exercise("7.1", "grid_coords", grid.grid_coords, check_coords, runs=RUNS),
-    Exercise("7.2", "grid_group", grid.grid_group, check_group),
+    Exercise("7.2", "grid_group", grid.grid_group, check_group, runs=RUNS),
 ]
