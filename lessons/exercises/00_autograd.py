@@ -2,7 +2,7 @@
 
 Each function below gets the arrays the op saved in its forward and the gradient of
 the loss with respect to the op's output (`grad`), and returns the gradient(s) with
-respect to its input(s): plain NumPy arrays, float64 in the checks. The package's own
+respect to its input(s): plain NumPy arrays of the inputs' dtype. The package's own
 versions live in minidist/ops.py (matmul) and minidist/fused.py (the other three)
 under the same names; the engine calls them from the Functions MatMul, LayerNorm,
 CrossEntropy and GELU. Replace each `raise` with your
@@ -13,8 +13,14 @@ code, then grade your file:
 The grader compares your gradients with central differences of the forward,
 (f(x + h) - f(x - h)) / 2h, and tells you the first element that is off. It also checks
 that no input changed: the engine still holds the arrays it hands you, so `x *= 0` or
-writing into `probs` is a FAIL even when the returned gradient is right. Hints: write
-the shapes down first; a gradient has the shape of what it is the gradient of.
+writing into `probs` is a FAIL even when the returned gradient is right. It calls each
+function several times, in float64 and in float32: a float32 input must give float32
+gradients (a NumPy float64 scalar such as np.sqrt(2 / np.pi) widens a float32 array;
+math.sqrt's Python float does not), and every call must return new arrays (a buffer kept
+between calls would rewrite the gradient an earlier layer handed to the engine). When a
+function passes, the grader puts it into the engine and runs lesson 00's own gradient
+check on a tiny GPT with it. Hints: write the shapes down first; a gradient has the shape
+of what it is the gradient of.
 """
 import numpy as np  # noqa: F401  (you will want it)
 

@@ -9,9 +9,12 @@ signature. Use only MPI's point-to-point buffer methods on NumPy arrays:
 
 (the upper-case methods move buffers; the lower-case ones pickle Python objects: don't).
 No collectives (comm.Allreduce, comm.Allgather, comm.Bcast, ...): this exercise builds
-them. Return new arrays and leave the input unchanged. Replace each `raise` with your
-code, then grade your file at 3 ranks and at 4 (below 3 the grader fails these
-exercises: at 2 ranks left and right are the same rank, so a wrong neighbour would pass):
+them. Return new arrays of the input's dtype (float32 stays float32), a new one on every
+call (not a view of a buffer kept between calls: the grader calls each function many
+times and checks that earlier results did not change), and leave the input unchanged.
+Replace each `raise` with your code, then grade your file at 3 ranks and at 4 (below 3
+the grader fails these exercises: at 2 ranks left and right are the same rank, so a
+wrong neighbour would pass):
 
     mpirun -n 3 python -m minidist.grade lessons/exercises/01_collectives.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py

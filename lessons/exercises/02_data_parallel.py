@@ -10,6 +10,9 @@ a time limit; below 3 ranks exercise 2.1 fails and says so):
     mpirun -n 4 python -m minidist.grade lessons/exercises/02_data_parallel.py
 
 The package's answers are in minidist/parallel/data_parallel.py under the same names.
+When a function passes its checks, the grader puts it into the package and runs lesson 02
+with it at a tiny size (average_gradients in its --naive run, assign_buckets in its
+bucketed one), in float64 and float32: it must match one process there too.
 """
 import numpy as np  # noqa: F401  (you will want it)
 
@@ -21,7 +24,8 @@ def average_gradients(comm, grads):
 
     grads: a list of NumPy arrays, the same shapes on every rank (one per parameter).
     Return a new list of arrays of the same shapes: element-wise (g_0 + g_1 + ... ) / N,
-    where g_r is rank r's array and N = comm.Get_size(). Leave the inputs unchanged.
+    where g_r is rank r's array and N = comm.Get_size(), each of its gradient's dtype
+    (float32 stays float32) and new on every call. Leave the inputs unchanged.
     Use ring_all_reduce(comm, x, op="sum") for the communication: the grader checks that
     the bytes went through minidist's own ring, and the communicator it hands you refuses
     MPI's collectives (comm.Allreduce). Divide into new arrays: `g /= N` would change the
@@ -40,5 +44,6 @@ def assign_buckets(nbytes, bucket_bytes):
     last layers first, so the first bucket is ready early), add each to the open bucket,
     and close the bucket as soon as it holds at least bucket_bytes. The last bucket may
     be smaller. Example: nbytes [100, 200, 50, 300], bucket_bytes 250 -> [[3], [2, 1], [0]].
+    Return new lists on every call.
     """
     raise NotImplementedError("exercise 2.2: assign_buckets")

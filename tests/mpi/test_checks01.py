@@ -101,3 +101,56 @@ def test_changing_the_input_fails(comm):
         return out
     with pytest.raises(AssertionError, match="changed its input"):
         ex01.check_ring_all_gather(in_place)
+
+
+def _kept_buffer(fn):
+    """The right answer, copied into one buffer per shape and dtype kept between calls."""
+    buffers = {}
+
+    def wrong(c, x, *args, **kwargs):
+        out = fn(c, x, *args, **kwargs)
+        buf = buffers.setdefault((out.shape, out.dtype.str), np.empty_like(out))
+        buf[...] = out
+        return buf
+    return wrong
+
+
+def test_a_result_kept_in_a_buffer_between_calls_fails(comm):
+    """(The all-gather's check is the quickest; the three share the Kept referee, and
+    tests/planted/01_reused_buffer.py is ring_reduce_scatter's case.)"""
+    with pytest.raises(AssertionError, match="changed when it was called again"):
+        ex01.check_ring_all_gather(_kept_buffer(collectives.ring_all_gather))
+
+
+class Enough(AssertionError):
+    """Raised by every rank at the same call: the test has seen what it came for (an
+    AssertionError, which world_then_groups passes on as it is)."""
+
+
+@pytest.mark.parametrize("exercise", ex01.EXERCISES, ids=lambda e: e.name)
+def test_no_frame_holds_the_answer_or_the_other_ranks_inputs(comm, exercise):
+    """While the student's function runs, the check's frames hold this rank's input only:
+    no array of another rank's input, none of the expected result (the first 30 calls:
+    every shape and op in float64, and more)."""
+    import sys
+    found, calls = [], [0]
+
+    def peek(c, x, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] > 30:
+            raise Enough
+        out = exercise.reference(c, x, *args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None:
+            for name, value in frame.f_locals.items():
+                if isinstance(value, np.ndarray) and value.size > 1 and value.shape == out.shape and (
+                        np.array_equal(value, out) and not np.array_equal(value, x)):    # x's copy: no news
+                    found.append(f"{frame.f_code.co_name}: {name}")
+                if isinstance(value, list) and len(value) == c.Get_size() > 1 and all(
+                        isinstance(v, np.ndarray) for v in value):
+                    found.append(f"{frame.f_code.co_name}: {name} (every rank's arrays)")
+            frame = frame.f_back
+        return out
+    with pytest.raises(Enough):
+        exercise.check(peek)
+    assert not found, found

@@ -65,3 +65,68 @@ def test_buckets_in_forward_order_fail(comm):
         return [[len(nbytes) - 1 - i for i in b] for b in data_parallel.assign_buckets(nbytes[::-1], cap)]
     with pytest.raises(AssertionError, match="expected"):
         ex02.check_assign_buckets(forward_order)
+
+
+def test_a_float64_mean_of_float32_gradients_fails(comm):
+    def widened(c, grads):
+        return data_parallel.average_gradients(c, [g.astype(np.float64) for g in grads])
+    with pytest.raises(AssertionError, match="is float64, the gradients are float32: keep their dtype"):
+        ex02.check_average_gradients(widened)
+
+
+def test_buffers_kept_between_calls_fail(comm):
+    buffers = {}
+
+    def kept(c, grads):
+        out = []
+        for g in data_parallel.average_gradients(c, grads):
+            buf = buffers.setdefault((g.shape, g.dtype.str), np.empty_like(g))
+            buf[...] = g
+            out.append(buf)
+        return out
+    with pytest.raises(AssertionError, match="changed when it was called again with other gradients"):
+        ex02.check_average_gradients(kept)
+
+    one = []
+
+    def one_list(nbytes, cap):
+        one[:] = data_parallel.assign_buckets(nbytes, cap)
+        return one
+    with pytest.raises(AssertionError, match="changed when it was called again"):
+        ex02.check_assign_buckets(one_list)
+
+
+def test_no_frame_holds_the_mean_while_average_gradients_runs(comm):
+    import sys
+    found = []
+
+    def peek(c, grads):
+        out = data_parallel.average_gradients(c, grads)
+        frame = sys._getframe(1)
+        while frame is not None:
+            for name, value in frame.f_locals.items():
+                same = lambda xs, ys: all(isinstance(v, np.ndarray) and v.shape == o.shape and  # noqa: E731
+                                          np.allclose(v, o) for v, o in zip(xs, ys))
+                if isinstance(value, list) and len(value) == len(out) and same(value, out) and (
+                        not same(value, grads)) and any(v.size > 1 for v in value):   # grads' copy: no news
+                    found.append(f"{frame.f_code.co_name}: {name}")
+            frame = frame.f_back
+        return out
+    ex02.check_average_gradients(peek)
+    assert not found, found
+
+
+def test_no_frame_holds_the_buckets_while_assign_buckets_runs(comm):
+    import sys
+    found = []
+
+    def peek(nbytes, cap):
+        out = data_parallel.assign_buckets(nbytes, cap)
+        frame = sys._getframe(1)
+        while frame is not None:
+            found.extend(f"{frame.f_code.co_name}: {k}" for k, v in frame.f_locals.items()
+                         if v == out and len(out) > 1 and v is not out)
+            frame = frame.f_back
+        return out
+    ex02.check_assign_buckets(peek)
+    assert not found, found

@@ -1,7 +1,9 @@
 """Checks for lessons/exercises/01_collectives.py, run on every rank under mpirun.
 
 Every rank builds every rank's input from a fixed seed, so the expected answer is one
-process's NumPy computation, with no messages. The student's function gets a
+process's NumPy computation, with no messages; it is computed only after the student's
+function returned (while it runs, the check's frames hold this rank's input alone, each
+call in a frame of its own). The student's function gets a
 CountingComm (minidist/grader/counting.py): point-to-point only, so a call of
 comm.Allreduce (or any collective) fails with "use Send/Recv/Sendrecv: this exercise
 builds the collective itself"; and counted, so each call is held to the ring's bytes:
@@ -19,6 +21,10 @@ shows in the bytes only when a piece is larger than that (the large case makes s
 Besides small and odd shapes, each check has one large case, a few hundred KiB per
 chunk: above MPI's eager limit a Send waits for its matching receive, so a ring whose
 ranks all Send before they Recv deadlocks here (with tiny arrays it would pass).
+Every function is called many times, in float64, float32 and an integer type (the result
+keeps the input's dtype), several times with inputs of one shape and dtype; after each
+call, the results of all earlier calls must be unchanged (a result that is a view of a
+buffer kept between calls would change under the caller's feet).
 
 A check raises on the rank that sees the problem; the grader agrees the verdicts of all
 ranks and stops the ones left waiting (minidist/grader/command.py).
@@ -43,6 +49,40 @@ def _inputs(size, shape, dtype, seed):
     if np.issubdtype(dtype, np.integer):
         return [rng.integers(-9, 10, size=shape).astype(dtype) for _ in range(size)]
     return [rng.standard_normal(shape).astype(dtype) for _ in range(size)]
+
+
+def _mine(n, r, shape, dtype, seed):
+    """Rank r's input of _inputs(n, ...), made alone: while the student's function runs, the
+    check's frames hold this rank's input, not the others' (from which the answer follows)."""
+    return _inputs(n, shape, dtype, seed)[r]
+
+
+class Kept:
+    """The results of earlier calls, with copies: a later call must leave them unchanged
+    (a result that is a view of a buffer kept between calls is rewritten by the next call).
+
+    Looked at after every call, reported when the last call of the pass is over: a rank
+    whose chunk of some shape is empty sees the change at a later call than the others,
+    and a rank that stopped early would leave the others waiting in the ring."""
+
+    def __init__(self, name, rank):
+        self.name, self.rank, self.kept, self.found = name, rank, [], None
+
+    def add(self, what, got):
+        if isinstance(got, np.ndarray):
+            self.kept.append((what, got, got.copy()))
+
+    def look(self, now):
+        for what, got, copy in self.kept[:-1]:
+            if self.found is None and (got.shape != copy.shape or not np.array_equal(
+                    got, copy, equal_nan=got.dtype.kind == "f")):
+                self.found = (f"rank {self.rank}: the result {self.name} returned for {what} changed when it was "
+                              f"called again ({now}): return a new array on every call, not a view of a buffer "
+                              "kept between calls")
+
+    def report(self):
+        if self.found:
+            raise AssertionError(self.found)
 
 
 def _reduce(xs, op):
@@ -146,24 +186,36 @@ def check_ring_reduce_scatter(fn, session=None):
 
 def _reduce_scatter_cases(fn, s):
     n, r = s.size(), s.rank()
-    cases = [(dtype, shape, axis, op) for dtype in (np.float64, np.float32, np.int64)
+    cases = [(dtype, shape, axis, op, 1) for dtype in (np.float64, np.float32, np.int64)
              for shape, axis in CASES
              for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
-    cases.append((np.float64, (BIG * n + 1,), 0, "sum"))     # large: a Send waits for its Recv
-    cases.append((np.float32, (BIG * n + 1,), 0, "max"))     # large float32: its bytes, not float64's
-    for dtype, shape, axis, op in cases:
-        xs = _inputs(n, shape, dtype, seed=1)
-        before = xs[r].copy()
-        want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
-        got, comm = _call(s, fn, xs[r], op=op, axis=axis)
-        what = f"x of shape {shape}, {np.dtype(dtype).name}, axis {axis}, op {op!r}"
-        chunks = [len(c) * _row_bytes(shape, axis, dtype)
-                  for c in np.array_split(np.arange(shape[axis]), n)]
-        problem = (_problem(got, want, f"rank {r} got for chunk {r} ({what})")
-                   or _unchanged(xs[r], before, "ring_reduce_scatter", r)
-                   or _bytes_problem(comm, chunks, 1, what))
-        if problem:
-            raise AssertionError(problem)
+    cases.append((np.float64, (7,), 0, "sum", 11))           # an earlier call's shape, other values
+    cases.append((np.float64, (BIG * n + 1,), 0, "sum", 1))  # large: a Send waits for its Recv
+    cases.append((np.float32, (BIG * n + 1,), 0, "max", 1))  # large float32: its bytes, not float64's
+    kept = Kept("ring_reduce_scatter", r)
+    for case in cases:
+        _reduce_scatter_case(fn, s, kept, *case)
+    kept.report()
+
+
+def _reduce_scatter_case(fn, s, kept, dtype, shape, axis, op, seed):
+    """One call, in a frame of its own: no answer of an earlier case is left in reach."""
+    n, r = s.size(), s.rank()
+    x = _mine(n, r, shape, dtype, seed)
+    before = x.copy()
+    got, comm = _call(s, fn, x, op=op, axis=axis)
+    what = f"x of shape {shape}, {np.dtype(dtype).name}, axis {axis}, op {op!r}"
+    kept.add(what, got)
+    xs = _inputs(n, shape, dtype, seed)                   # the answer, only now
+    want = np.array_split(_reduce(xs, op).astype(dtype), n, axis=axis)[r]
+    chunks = [len(c) * _row_bytes(shape, axis, dtype)
+              for c in np.array_split(np.arange(shape[axis]), n)]
+    problem = (_problem(got, want, f"rank {r} got for chunk {r} ({what})")
+               or _unchanged(x, before, "ring_reduce_scatter", r)
+               or _bytes_problem(comm, chunks, 1, what))
+    if problem:
+        raise AssertionError(problem)
+    kept.look(what)
 
 
 def check_ring_all_gather(fn, session=None):
@@ -171,26 +223,43 @@ def check_ring_all_gather(fn, session=None):
         world_then_groups(world, lambda s: _all_gather_cases(fn, s))
 
 
+def _piece(n, r, shape, axis, dtype, seed):
+    """Rank r's piece of a whole array cut into n uneven pieces along axis (every rank's, with r=None)."""
+    whole = _inputs(1, tuple(d * n + 1 for d in shape), dtype, seed)[0]
+    index = tuple(slice(None) if i == axis % len(shape) else slice(0, d) for i, d in enumerate(shape))
+    pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
+    return pieces if r is None else pieces[r]
+
+
 def _all_gather_cases(fn, s):
     n, r = s.size(), s.rank()
-    cases = [(dtype, shape, axis) for dtype in (np.float64, np.int32) for shape, axis in CASES]
-    cases.append((np.float64, (BIG,), 0))                     # large pieces: above the eager limit
-    cases.append((np.float32, (BIG,), 0))
-    for dtype, shape, axis in cases:
-        whole = _inputs(1, tuple(d * n + 1 for d in shape), dtype, seed=2)[0]
-        index = tuple(slice(None) if i == axis % len(shape) else slice(0, d) for i, d in enumerate(shape))
-        pieces = [p[index].copy() for p in np.array_split(whole, n, axis=axis)]   # uneven lengths
-        before = pieces[r].copy()
-        want = np.concatenate(pieces, axis=axis)
-        got, comm = _call(s, fn, pieces[r], axis=axis)
-        lengths = [p.shape[axis] for p in pieces]
-        what = f"piece lengths {lengths} along axis {axis}, {np.dtype(dtype).name}"
-        chunks = [p.nbytes for p in pieces]
-        problem = (_problem(got, want, f"rank {r} got for the joined pieces ({what})")
-                   or _unchanged(pieces[r], before, "ring_all_gather", r)
-                   or _bytes_problem(comm, chunks, 1, what, lengths_allowed=8 * n * (n - 1)))
-        if problem:
-            raise AssertionError(problem)
+    cases = [(dtype, shape, axis, 2) for dtype in (np.float64, np.int32) for shape, axis in CASES]
+    cases.append((np.float64, (7,), 0, 12))                   # an earlier call's shape, other values
+    cases.append((np.float64, (BIG,), 0, 2))                  # large pieces: above the eager limit
+    cases.append((np.float32, (BIG,), 0, 2))
+    kept = Kept("ring_all_gather", r)
+    for case in cases:
+        _all_gather_case(fn, s, kept, *case)
+    kept.report()
+
+
+def _all_gather_case(fn, s, kept, dtype, shape, axis, seed):
+    n, r = s.size(), s.rank()
+    x = _piece(n, r, shape, axis, dtype, seed)
+    before = x.copy()
+    got, comm = _call(s, fn, x, axis=axis)
+    pieces = _piece(n, None, shape, axis, dtype, seed)    # the answer, only now
+    want = np.concatenate(pieces, axis=axis)
+    lengths = [p.shape[axis] for p in pieces]
+    what = f"piece lengths {lengths} along axis {axis}, {np.dtype(dtype).name}"
+    kept.add(what, got)
+    chunks = [p.nbytes for p in pieces]
+    problem = (_problem(got, want, f"rank {r} got for the joined pieces ({what})")
+               or _unchanged(x, before, "ring_all_gather", r)
+               or _bytes_problem(comm, chunks, 1, what, lengths_allowed=8 * n * (n - 1)))
+    if problem:
+        raise AssertionError(problem)
+    kept.look(what)
 
 
 def check_ring_all_reduce(fn, session=None):
@@ -201,27 +270,37 @@ def check_ring_all_reduce(fn, session=None):
 def _all_reduce_cases(fn, s):
     n, r = s.size(), s.rank()
     shapes = [(0,), (1,), (n - 1 or 1,), (3 * n + 2,), (2, 5), (3, 1, 4), ()]
-    cases = [(dtype, shape, op) for dtype in (np.float64, np.float32, np.int64) for shape in shapes
+    cases = [(dtype, shape, op, 3) for dtype in (np.float64, np.float32, np.int64) for shape in shapes
              for op in (("sum", "avg", "max") if dtype != np.int64 else ("sum", "max"))]
-    cases.append((np.float64, (BIG * n + 2,), "sum"))
-    cases.append((np.float32, (BIG * n + 2,), "avg"))
-    for dtype, shape, op in cases:
-        xs = _inputs(n, shape, dtype, seed=3)
-        before = xs[r].copy()
-        want = _reduce(xs, op).astype(dtype)
-        got, comm = _call(s, fn, xs[r], op=op)
-        what = f"x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
-        size = int(np.prod(shape, dtype=np.int64))
-        chunks = [len(c) * np.dtype(dtype).itemsize for c in np.array_split(np.arange(size), n)]
-        problem = (_problem(got, want, f"rank {r} got for {what}")
-                   or _unchanged(xs[r], before, "ring_all_reduce", r)
-                   or _bytes_problem(comm, chunks, 2, what, lengths_allowed=8 * n * (n - 1)))
-        if problem:
-            raise AssertionError(problem)
-        # every rank must hold the very same bits (data parallelism relies on it)
-        digests = s.allgather(_digest(np.asarray(got, dtype)), np.empty((n, 1), np.uint64))
-        if not (digests == digests[0]).all():
-            raise AssertionError(f"{what}: ranks hold different results; all must be identical")
+    cases.append((np.float64, (2, 5), "sum", 13))             # an earlier call's shape, other values
+    cases.append((np.float64, (BIG * n + 2,), "sum", 3))
+    cases.append((np.float32, (BIG * n + 2,), "avg", 3))
+    kept = Kept("ring_all_reduce", r)
+    for case in cases:
+        _all_reduce_case(fn, s, kept, *case)
+    kept.report()
+
+
+def _all_reduce_case(fn, s, kept, dtype, shape, op, seed):
+    n, r = s.size(), s.rank()
+    x = _mine(n, r, shape, dtype, seed)
+    before = x.copy()
+    got, comm = _call(s, fn, x, op=op)
+    what = f"x of shape {shape}, {np.dtype(dtype).name}, op {op!r}"
+    kept.add(what, got)
+    want = _reduce(_inputs(n, shape, dtype, seed), op).astype(dtype)     # the answer, only now
+    size = int(np.prod(shape, dtype=np.int64))
+    chunks = [len(c) * np.dtype(dtype).itemsize for c in np.array_split(np.arange(size), n)]
+    problem = (_problem(got, want, f"rank {r} got for {what}")
+               or _unchanged(x, before, "ring_all_reduce", r)
+               or _bytes_problem(comm, chunks, 2, what, lengths_allowed=8 * n * (n - 1)))
+    if problem:
+        raise AssertionError(problem)
+    kept.look(what)
+    # every rank must hold the very same bits (data parallelism relies on it)
+    digests = s.allgather(_digest(np.asarray(got, dtype)), np.empty((n, 1), np.uint64))
+    if not (digests == digests[0]).all():
+        raise AssertionError(f"{what}: ranks hold different results; all must be identical")
 
 
 EXERCISES = [
