@@ -20,10 +20,16 @@ multi-rank exercises fail and say so):
     mpirun -n 3 python -m minidist.grade lessons/exercises/03_tensor_parallel.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/03_tensor_parallel.py
 
-The grader builds the whole problem on every rank from a seed, in float64, computes the
-single-process answer with NumPy, and gives your function only this rank's part.
-Column and row counts do not divide by the number of ranks. The package's answers are in
-minidist/parallel/tensor_parallel.py under the same names.
+The grader gives your function only this rank's part of a problem built from a seed, and
+only after it returned computes the single-process answer with NumPy. It tries every
+function in float64 and in float32: keep the input's dtype (np.zeros(n) is float64; use
+np.zeros(n, x.dtype)), within a tolerance it names. It calls each function several times,
+with other inputs of the same shape: return a new array each call (a result returned
+earlier must keep its values). Column and row counts do not divide by the number of
+ranks, and the padding of the vocabulary may fall on several ranks. Then, for each
+function that passed and that the package's layers call by name, it puts yours in the
+package's place and runs lesson 03 on it, in float64 and float32.
+The package's answers are in minidist/parallel/tensor_parallel.py under the same names.
 """
 import numpy as np  # noqa: F401  (you will want it)
 

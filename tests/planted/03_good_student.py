@@ -53,7 +53,7 @@ def vocab_parallel_cross_entropy_forward(comm, logits, targets, lo, vocab_size):
     m = all_reduce(comm, z.max(axis=1), op="max")
     z = z - m[:, None]
     mine = (targets >= lo) & (targets < lo + v)
-    picked = np.zeros(n)
+    picked = np.zeros(n, logits.dtype)
     picked[mine] = z[mine, targets[mine] - lo]
     target = all_reduce(comm, picked, op="sum")
     e = np.exp(z)
