@@ -40,14 +40,20 @@ def exchange(comm, send=None, recv=None):
 
     send: None or (array, dest, tag); recv: None or (shape, dtype, source, tag).
     Return (the received array or None, the send's request or None): receive into a new
-    array of that shape and dtype; the caller waits for the send's request later. In 1F1B's
-    steady state two neighbouring stages call this towards each other at once (one sends
-    activations forward, the other gradients back): make sure neither waits for the other.
-    The grader's Send waits until the matching receive is posted, as MPI allows any Send to.
+    array of recv's shape and dtype on every call (the caller keeps using the earlier
+    ones), and wait for the receive before returning; return the send's request unwaited
+    (None only when send is None): the caller waits for it later. In 1F1B's steady state
+    two neighbouring stages call this towards each other at once (one sends activations
+    forward, the other gradients back): make sure neither waits for the other.
     Use the buffer methods comm.Irecv / comm.Isend (or Send / Recv) and req.Wait().
     Either of send and recv may be None (the first stage only sends, the last only
-    receives); receive from recv's source with recv's tag (not send's dest and tag), into
-    a new array of recv's dtype on every call. The grader refuses a message to or from
-    another rank or tag than the call names.
+    receives); receive from recv's source with recv's tag (not send's dest and tag).
+
+    The grader calls it seven times on every rank, with messages of 266 KB (past MPI's
+    eager limit): a line of stages forward (to rank r+1) and backward (to rank r-1),
+    neighbours facing each other, and a ring both ways. Its Send and Isend complete only
+    when the matching receive is posted, as MPI's do for large messages; it refuses a
+    message to or from another rank or tag than the call names, and a Wait on the send
+    before the receive is posted. Then it runs lesson 04 (1F1B) on your exchange.
     """
     raise NotImplementedError("exercise 4.3: exchange")

@@ -21,7 +21,8 @@ def partition(n, size, rank):
     Cut exactly as numpy.array_split(range(n), size) cuts: the first n % size ranks get
     n // size + 1 elements, the others n // size; the pieces follow each other in rank
     order. Example: n=10, size=4 -> (0, 3), (3, 6), (6, 8), (8, 10). n may be smaller
-    than size (some ranks get nothing: lo == hi) or 0.
+    than size (some ranks get nothing: lo == hi) or 0. lo and hi are Python ints (// and
+    %, or int(...) around a numpy result): the grader refuses floats and numpy integers.
     """
     raise NotImplementedError("exercise 5.1: partition")
 
@@ -34,7 +35,8 @@ def reduce_scatter_grad(comm, flat):
     N = comm.Get_size(). Use ring_reduce_scatter(comm, x, op="sum"), which returns this
     rank's chunk of the sum: the grader holds you to its bytes, (n - my chunk) values, so
     an all-reduce followed by a slice (twice the bytes) fails. Leave `flat` unchanged; keep
-    its dtype; return a new array on every call (the grader calls again with the same n and
-    checks the first result did not change).
+    its dtype (the grader tries float64 and float32); return a new array on every call (the
+    grader calls again with the same n and checks the earlier results did not change).
+    Then lesson 05's stages 1 and 3 run on your answers.
     """
     raise NotImplementedError("exercise 5.2: reduce_scatter_grad")

@@ -57,3 +57,72 @@ def test_copies_instead_of_views_fail(comm):
         return full
     with pytest.raises(AssertionError, match="not a view"):
         ex06.check_gather_params(copies)
+
+
+# ----------------------------------------------------------------------------- 5.1's bounds, 5.2's dtype and buffers
+
+@pytest.mark.parametrize("kind, words", [(float, "not float"), (np.int64, "not numpy.int64"),
+                                         (np.float64, "not numpy.float64")])
+def test_partition_bounds_that_are_not_python_ints_fail(kind, words):
+    def typed(n, size, rank):
+        lo, hi = zero.partition(n, size, rank)
+        return kind(lo), kind(hi)
+    with pytest.raises(AssertionError, match=f"bounds are Python ints, {words}"):
+        ex05.check_partition(typed)
+
+
+def test_no_length_is_divided_by_a_graded_world_or_group_size():
+    for n in ex05.LENGTHS[:2]:
+        assert all(n % size for size in (2, 3, 4, 5, 7, 8)), n
+
+
+def test_a_float64_result_of_float32_gradients_fails(comm):
+    def widens(c, flat):
+        return ring_reduce_scatter(c, flat.astype(np.float64), op="sum") / c.Get_size()
+    with pytest.raises(AssertionError, match="the result is float64, the gradient is float32"):   # every rank alike
+        ex05.check_reduce_scatter_grad(widens)
+
+
+def test_a_buffer_kept_between_calls_fails(comm):
+    buffers = {}
+
+    def kept(c, flat):
+        out = ring_reduce_scatter(c, flat, op="sum") / c.Get_size()
+        buf = buffers.setdefault((c.Get_size(), out.shape, out.dtype.str), np.empty_like(out))
+        buf[...] = out
+        return buf
+    with pytest.raises(AssertionError, match="return a new array on every call"):    # at the repeat, every rank
+        ex05.check_reduce_scatter_grad(kept)
+
+
+def test_no_frame_holds_the_partition_while_reduce_scatter_grad_runs(comm):
+    import sys
+    found = []
+
+    def peek(c, flat):
+        out = zero.reduce_scatter_grad(c, flat)
+        frame = sys._getframe(1)
+        while frame is not None and out.size > 1:
+            found.extend(f"{frame.f_code.co_name}: {name}" for name, value in frame.f_locals.items()
+                         if isinstance(value, np.ndarray) and value is not out and value.shape == out.shape
+                         and np.allclose(value, out) and not np.allclose(value, flat))   # flat's copy: no news
+            frame = frame.f_back
+        return out
+    ex05.check_reduce_scatter_grad(peek)
+    assert not found, found
+
+
+def test_no_frame_holds_the_bounds_while_partition_runs():
+    import sys
+    found = []
+
+    def peek(n, size, rank):
+        out = zero.partition(n, size, rank)
+        frame = sys._getframe(1)
+        while frame is not None and out[1] > out[0] + 1:
+            found.extend(f"{frame.f_code.co_name}: {name}" for name, value in frame.f_locals.items()
+                         if value == out or (isinstance(value, list) and out in value))
+            frame = frame.f_back
+        return out
+    ex05.check_partition(peek)
+    assert not found, found
