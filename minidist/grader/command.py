@@ -330,12 +330,12 @@ def parse(argv):
     """The arguments, checked: (args, [(file, exercise)], only). Raises UsageError."""
     p = _Parser(prog="python -m minidist.grade", description=__doc__.split("\n\n")[0],
                 epilog=EPILOG.format(ranks=ranks_text()), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="exercise files or folders of them (a folder: its *.py files)")
+    p.add_argument("files", nargs="*", help="exercise files or folders of them (a folder: its *.py files)")
     p.add_argument("--exercise", metavar="NN", help="which checks, e.g. 01 (default: from each file's name)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds one check, or one lesson run of a plug-in check, may take (default %(default)s)")
-    p.add_argument("--only", action="append", metavar="N.M[,N.M]",
-                   help="grade only these exercises, e.g. --only 1.2 or --only 4.2,4.3")
+    p.add_argument("--only", action="append", nargs="+", metavar="N.M",
+                   help="grade only these exercises, e.g. --only 1.2, --only 4.2 4.3 or --only 4.2,4.3")
     p.add_argument("--ranks", type=rank_counts, metavar="R[,R]",
                    help="without mpirun: grade each file in jobs of its own at these rank counts, e.g. 3,4 "
                         "(default: the exercise's own)")
@@ -345,9 +345,14 @@ def parse(argv):
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     if args.ranks and mpi_world() is not None:
         raise UsageError("--ranks starts its own jobs: run it without mpirun")
-    files = student_files(args.files)
+    # --only takes one or more numbers, so a file named right after them lands there: give it back
+    words = [w for item in (args.only or []) for w in item]
+    named = [w for w in words if w.endswith(".py") or os.path.sep in w or os.path.exists(w)]
+    files = student_files([*named, *args.files]) if named or args.files else None
+    if not files:
+        raise UsageError("name at least one exercise file or folder")
     jobs = [(f, exercise_of(args.exercise or f)) for f in files]
-    only = {n for item in args.only for n in item.split(",") if n} if args.only else None
+    only = {n for w in words if w not in named for n in w.split(",") if n} or None
     if only:
         numbers = {e.number for _, ex in jobs for e in checks_for(ex)}
         unknown = sorted(only - numbers)

@@ -10,6 +10,7 @@ outcome wins, and among failures the one that names its own cause, then the earl
 """
 import re
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -42,10 +43,21 @@ def said(exc):
     return f"{type(exc).__name__}: {text}"
 
 
+def _library(filename):
+    """True for the files of Python, NumPy, mpi4py and minidist: not a student's."""
+    parts = Path(filename).parts
+    return "minidist" in parts or "site-packages" in parts or "dist-packages" in parts \
+        or filename.startswith((_STDLIB, "<"))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
 def where(exc):
-    """The innermost line of the student's file in a traceback, for FAIL messages."""
+    """The innermost line of the student's file in a traceback, for FAIL messages (a crash
+    inside NumPy is shown at the student's line that called it)."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frame.filename.endswith(".py") and "minidist" not in Path(frame.filename).parts:
+        if frame.filename.endswith(".py") and not _library(frame.filename):
             return f" (at line {frame.lineno} of {Path(frame.filename).name}: {frame.line})"
     return ""
 

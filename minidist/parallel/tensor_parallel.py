@@ -190,26 +190,30 @@ def row_parallel_backward(comm, x, weight, grad):
     return gx, gw, grad.reshape(-1, grad.shape[-1]).sum(axis=0)
 
 
-def _linear_function(forward_fn, backward_fn):
-    """An engine Function around a (forward, backward) pair of the ones above."""
+def _linear_function(forward_name, backward_name):
+    """An engine Function around a (forward, backward) pair of the ones above, named: they
+    are looked up in this module when they run, as f and g are, so that the grader can
+    put a student's function in their place (exercises 3.6-3.9) and lesson 03 runs on it."""
+    here = globals()
+
     class ParallelLinearFunction(Function):
         @staticmethod
         def forward(ctx, x, weight, bias=None, comm=None):
             ctx.comm = comm
             ctx.save_for_backward(x, weight)
-            return forward_fn(comm, x, weight, bias)
+            return here[forward_name](comm, x, weight, bias)
 
         @staticmethod
         def backward(ctx, grad):
             x, w = ctx.saved
-            gx, gw, gb = backward_fn(ctx.comm, x, w, grad)
+            gx, gw, gb = here[backward_name](ctx.comm, x, w, grad)
             return (gx, gw, gb) if len(ctx.needs_input_grad) == 3 else (gx, gw)
     return ParallelLinearFunction
 
 
-ColumnParallelLinearFunction = _linear_function(column_parallel_forward, column_parallel_backward)
+ColumnParallelLinearFunction = _linear_function("column_parallel_forward", "column_parallel_backward")
 ColumnParallelLinearFunction.__name__ = ColumnParallelLinearFunction.__qualname__ = "ColumnParallelLinearFunction"
-RowParallelLinearFunction = _linear_function(row_parallel_forward, row_parallel_backward)
+RowParallelLinearFunction = _linear_function("row_parallel_forward", "row_parallel_backward")
 RowParallelLinearFunction.__name__ = RowParallelLinearFunction.__qualname__ = "RowParallelLinearFunction"
 
 

@@ -689,24 +689,6 @@ RUNS = (Run("03_tensor_parallel", lambda n: ("--n-layer", "1", "--n-head", str(n
                                              "--block-size", "4", "--batch-size", "2", "--steps", "2")),)
 
 
-def _reaches(name):
-    """Whether the package's layers look `name` up in tensor_parallel when they run, so that
-    the plug-in check can put the student's function there. The layers' engine Functions are
-    made by tensor_parallel._linear_function, which keeps the functions it was given in a
-    closure: while it does, the plug-in check cannot reach 3.6-3.9 (it would fail every
-    file with "never called"), and those exercises rely on their unit checks alone."""
-    fn = getattr(tp, name)
-    for cls in (tp.ColumnParallelLinearFunction, tp.RowParallelLinearFunction):
-        for method in (cls.forward, cls.backward):
-            if any(c.cell_contents is fn for c in (getattr(method, "__closure__", None) or ())):
-                return False
-    return True
-
-
-def _runs(name):
-    return RUNS if _reaches(name) else ()
-
-
 EXERCISES = [
     Exercise("3.1", "f_forward", tp.f_forward, check_f_forward, MIN_RANKS, runs=RUNS),
     Exercise("3.2", "f_backward", tp.f_backward, check_f_backward, MIN_RANKS, runs=RUNS),
@@ -714,13 +696,13 @@ EXERCISES = [
     Exercise("3.4", "g_backward", tp.g_backward, check_g_backward, MIN_RANKS, runs=RUNS),
     Exercise("3.5", "split_for_rank", tp.split_for_rank, check_split_for_rank, runs=RUNS),
     Exercise("3.6", "column_parallel_forward", tp.column_parallel_forward, check_column_parallel_forward, MIN_RANKS,
-             runs=_runs("column_parallel_forward")),
+             runs=RUNS),
     Exercise("3.7", "column_parallel_backward", tp.column_parallel_backward, check_column_parallel_backward,
-             MIN_RANKS, runs=_runs("column_parallel_backward")),
+             MIN_RANKS, runs=RUNS),
     Exercise("3.8", "row_parallel_forward", tp.row_parallel_forward, check_row_parallel_forward, MIN_RANKS,
-             runs=_runs("row_parallel_forward")),
+             runs=RUNS),
     Exercise("3.9", "row_parallel_backward", tp.row_parallel_backward, check_row_parallel_backward, MIN_RANKS,
-             runs=_runs("row_parallel_backward")),
+             runs=RUNS),
     Exercise("3.10", "vocab_parallel_cross_entropy_forward", tp.vocab_parallel_cross_entropy_forward,
              check_vocab_parallel_cross_entropy_forward, MIN_RANKS, runs=RUNS),
     Exercise("3.11", "vocab_parallel_cross_entropy_backward", tp.vocab_parallel_cross_entropy_backward,
