@@ -31,6 +31,9 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+from mpi4py import MPI
+
 from minidist.grader.referee import said, where
 
 
@@ -62,15 +65,18 @@ def time_limit(ex, timeout):
     return max(timeout, LESSON_RUN_S) * sum(len(r.dtypes) for r in ex.runs)
 
 
-class Counted:
-    """The student's function, counting its calls (a run that never reaches it proves nothing)."""
+def counted(fn, module):
+    """fn, counting its calls in .calls (a run that never reaches it proves nothing).
 
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.fn(*args, **kwargs)
+    The wrapper is made in a namespace named after the package module the answer lives in,
+    so that to the student's function it looks called from there, as it is without the
+    grader: an answer that behaves differently when the grader calls it is caught here.
+    """
+    space = {"__name__": module, "fn": fn}
+    exec("def call(*args, **kwargs):\n    call.calls += 1\n    return fn(*args, **kwargs)\n", space)
+    call = space["call"]
+    call.calls = 0
+    return call
 
 
 def _holders(reference):
@@ -140,7 +146,15 @@ class PluginSession:
 
 
 def _one(run, dtype, ex, fn, world, session):
-    """Run the lesson once with fn plugged in; raise AssertionError unless it matches."""
+    """Run the lesson once with fn plugged in; raise AssertionError unless it matches.
+
+    A crash raises at once on the rank that crashed (the others are then blocked in the
+    lesson's communication: the referee times them out). A lesson that ends, matching or
+    not, is agreed by every rank of the world (those that sat out too) before the next run,
+    so that no rank starts the next run while another has stopped: rank 0 says why it
+    mismatched, the others stop quietly.
+    """
+    from minidist.grader.counting import Stopped
     from minidist.lessons import harness
     k = run.ranks or world.Get_size()
     rank = world.Get_rank()
@@ -154,9 +168,8 @@ def _one(run, dtype, ex, fn, world, session):
         part, comm = None, world
     setting = f"lesson {run.lesson[:2]} with your {ex.name} ({run.command(k, dtype)})"
     session.doing = setting
-    try:
-        if comm is None:
-            return
+    matched, why = True, ""
+    if comm is not None:
         mod = lesson_module(run.lesson)
         args = mod.build_parser().parse_args(run.flags(k, dtype))
         with plugged(ex.reference, fn), harness.running(comm) as said_by_lesson:
@@ -167,12 +180,17 @@ def _one(run, dtype, ex, fn, world, session):
             except Exception as e:             # the student's code (or what it broke) raised
                 raise AssertionError(f"{setting}: rank {rank} crashed: {said(e)}{where(e)}") from None
         report = said_by_lesson.reports[-1]
-        if not report.get("match") and comm.Get_rank() == 0:    # agreed by the lesson; rank 0 has its lines
-            raise AssertionError(f"{setting}: MISMATCH: {_why(report, said_by_lesson.lines)} (the package's "
-                                 f"own {ex.name} matches there)")
-    finally:
-        if part is not None:
-            part.Free()
+        matched = bool(report.get("match"))
+        if not matched:
+            why = _why(report, said_by_lesson.lines)
+    if part is not None:
+        part.Free()
+    flags = np.array([int(matched)], np.int64)
+    world.Allreduce(flags.copy(), flags, op=MPI.MIN)      # every rank: did the lesson match?
+    if not flags[0]:
+        if rank == 0:                      # rank 0 ran the lesson and holds its lines
+            raise AssertionError(f"{setting}: MISMATCH: {why} (the package's own {ex.name} matches there)")
+        raise Stopped("the lesson did not match: rank 0 says why")
 
 
 FLAGGED = ("DIFFER", "OUTSIDE", "NOT ", "MISMATCH", "FAIL")
@@ -194,10 +212,10 @@ def _why(report, lines):
 def check(ex, fn, session):
     """The plug-in check of exercise `ex` with the student's `fn`: every run of ex.runs."""
     session.thread = threading.get_ident()
-    counted = Counted(fn)
+    wrapped = counted(fn, ex.reference.__module__)
     for run in ex.runs:
         for dtype in run.dtypes:
-            _one(run, dtype, ex, counted, session.comm, session)
-    if counted.calls == 0 and session.comm.Get_rank() == 0:
+            _one(run, dtype, ex, wrapped, session.comm, session)
+    if wrapped.calls == 0 and session.comm.Get_rank() == 0:
         raise RuntimeError(f"the grader's plug-in check of {ex.number} never called {ex.name}: "
                            "a bug in the grader, not in your file")
