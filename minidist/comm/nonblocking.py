@@ -33,7 +33,19 @@ from minidist.comm.collectives import _flat, chunk_bounds
 from minidist.comm.watchdog import waiting
 
 TAG_BASE, TAG_SPAN = 20000, 10000
-_tags = {}   # one counter per communicator: its ranks start its all-reduces in one order
+_TAGS = MPI.Comm.Create_keyval()   # one counter per communicator: its ranks start its all-reduces in one order
+
+
+def _counter(comm):
+    """The communicator's tag counter, kept as an MPI attribute of the communicator: it
+    goes when the communicator is freed. (Keyed by comm.py2f(), a freed communicator's
+    counter would pass to the next one MPI gives the same handle, and ranks whose
+    histories differ would then disagree on tags and deadlock.)"""
+    counter = comm.Get_attr(_TAGS)
+    if counter is None:
+        counter = itertools.count()
+        comm.Set_attr(_TAGS, counter)
+    return counter
 
 
 class RingAllReduce:
@@ -45,7 +57,7 @@ class RingAllReduce:
         self.comm, self.op = comm, op
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         if tag is None:
-            counter = _tags.setdefault(comm.py2f(), itertools.count())
+            counter = _counter(comm)
             tag = TAG_BASE + next(counter) % TAG_SPAN
         self.tag = tag
         x = np.asarray(x)
@@ -195,7 +207,7 @@ class RingAllGather(RingAllReduce):
         self.comm, self.op = comm, "sum"
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         if tag is None:
-            counter = _tags.setdefault(comm.py2f(), itertools.count())
+            counter = _counter(comm)
             tag = TAG_BASE + next(counter) % TAG_SPAN
         self.tag = tag
         chunk = np.asarray(chunk).reshape(-1)
