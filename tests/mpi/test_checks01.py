@@ -130,14 +130,14 @@ class Enough(AssertionError):
 @pytest.mark.parametrize("exercise", ex01.EXERCISES, ids=lambda e: e.name)
 def test_no_frame_holds_the_answer_or_the_other_ranks_inputs(comm, exercise):
     """While the student's function runs, the check's frames hold this rank's input only:
-    no array of another rank's input, none of the expected result (the first 30 calls:
-    every shape and op in float64, and more)."""
+    no array of another rank's input, none of the expected result (the first 12 calls,
+    several ops on one shape among them)."""
     import sys
     found, calls = [], [0]
 
     def peek(c, x, *args, **kwargs):
         calls[0] += 1
-        if calls[0] > 30:
+        if calls[0] > 12:
             raise Enough
         out = exercise.reference(c, x, *args, **kwargs)
         frame = sys._getframe(1)
