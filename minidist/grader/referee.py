@@ -24,7 +24,7 @@ PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
 # its own cause (a refused collective, a wrong-sized message: see grader/counting.Misuse):
 # it beats the wrong values that other ranks compute from it, whichever came first.
 S_PASS, S_STOPPED, S_TODO, S_TIMEOUT, S_FAIL, S_MISUSE = range(6)
-MSG_BYTES = 400
+MSG_BYTES = 2000            # a message is cut past this many bytes (UTF-8)
 STATUS_BYTES = 1 + 8 + MSG_BYTES   # severity, time, message
 POLL_S = 0.002
 CAUSE_S = 0.5                 # after another rank's failure: how long this rank's check may still end on its own
