@@ -138,9 +138,13 @@ def test_only_takes_one_exercise_before_the_file():
     assert lines == ["TODO  0.4 gelu_backward"], proc.stdout + proc.stderr
 
 
-def test_a_file_that_changes_the_graders_code_is_not_graded(tmp_path):
+def test_a_file_that_changes_the_graders_code_is_not_graded(tmp_path, monkeypatch):
     """On import (a check's helper replaced) or while its function runs (numpy.allclose
-    replaced): every exercise FAILs, naming what was changed."""
+    replaced): every exercise FAILs, naming what was changed. (monkeypatch puts both back
+    for the tests that follow in this process.)"""
+    import numpy as np
+    monkeypatch.setattr(referee, "verdict_of", referee.verdict_of)
+    monkeypatch.setattr(np, "allclose", np.allclose)
     on_import = tmp_path / "a.py"
     on_import.write_text("import minidist.grader.referee as r\nr.verdict_of = lambda *a: ('PASS', '')\n"
                          "from minidist.ops import matmul_backward\n")

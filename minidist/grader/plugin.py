@@ -25,6 +25,7 @@ time-out as in any check; the grader then runs nothing more in that job (the tea
 form grades each file in jobs of its own), and exits without waiting for the blocked thread.
 """
 import importlib
+import inspect
 import shlex
 import sys
 import threading
@@ -45,6 +46,7 @@ class Run:
                                               # a function of the lesson's rank count that returns them
     ranks: int = 0                            # 0: every rank of the job; k: the first k ranks (1: one process)
     dtypes: tuple = ("float64", "float32")
+    judge: object = None                      # report -> True when the run passes (None: the report's "match")
 
     def flags(self, n, dtype):
         return [*(self.argv(n) if callable(self.argv) else self.argv), "--dtype", dtype]
@@ -72,11 +74,27 @@ def counted(fn, module):
     so that to the student's function it looks called from there, as it is without the
     grader: an answer that behaves differently when the grader calls it is caught here.
     """
-    space = {"__name__": module, "fn": fn}
-    exec("def call(*args, **kwargs):\n    call.calls += 1\n    return fn(*args, **kwargs)\n", space)
+    space = {"__name__": module, "fn": fn, "takes": _keywords(fn)}
+    exec("def call(*args, **kwargs):\n    call.calls += 1\n    if takes is not None:\n"
+         "        kwargs = {k: v for k, v in kwargs.items() if k in takes}\n"
+         "    return fn(*args, **kwargs)\n", space)
     call = space["call"]
     call.calls = 0
     return call
+
+
+def _keywords(fn):
+    """The keywords fn takes, or None when it takes any (**kwargs) or cannot tell. A keyword
+    the package passes and the student's signature lacks is left out of the call: the unit
+    check called it with every keyword of the exercise, so such a keyword is the package's
+    own (ring_all_reduce's `check`, its inputs' agreement, which lessons turn off)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _holders(reference):
@@ -180,7 +198,7 @@ def _one(run, dtype, ex, fn, world, session):
             except Exception as e:             # the student's code (or what it broke) raised
                 raise AssertionError(f"{setting}: rank {rank} crashed: {said(e)}{where(e)}") from None
         report = said_by_lesson.reports[-1]
-        matched = bool(report.get("match"))
+        matched = bool(run.judge(report) if run.judge is not None else report.get("match"))
         if not matched:
             why = _why(report, said_by_lesson.lines)
     if part is not None:
@@ -193,7 +211,7 @@ def _one(run, dtype, ex, fn, world, session):
         raise Stopped("the lesson did not match: rank 0 says why")
 
 
-FLAGGED = ("DIFFER", "OUTSIDE", "NOT ", "MISMATCH", "FAIL")
+FLAGGED = ("DIFFER", "OUTSIDE", "NOT ", "MISMATCH", "FAIL", "WRONG")
 
 
 def _why(report, lines):

@@ -37,6 +37,7 @@ from mpi4py import MPI
 from minidist.comm import collectives
 from minidist.grader.checks import Exercise, own_session, world_then_groups
 from minidist.grader.counting import Misuse
+from minidist.grader.plugin import Run
 
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 REFUSE = "use Send/Recv/Sendrecv: this exercise builds the collective itself"
@@ -303,9 +304,27 @@ def _all_reduce_case(fn, s, kept, dtype, shape, op, seed):
         raise AssertionError(f"{what}: ranks hold different results; all must be identical")
 
 
+def _values_match(report):
+    """Lesson 01's values verdict: every collective against one process, within the lesson's
+    tolerance. Its bytes verdict counts what the package's collectives report to
+    minidist.comm.stats, which a student's do not; the unit check holds them to the ring's bytes."""
+    return report["max_rel_diff"] <= report["tolerance"]
+
+
+# Lesson 01 at a small size on the graded ranks: its correctness table (each collective on an
+# odd length, 1000 N + 3, against one process) is the verdict; its timing and alpha-beta parts
+# call the functions again (ring_all_reduce with check=False, which the plug-in leaves out).
+LESSON01 = Run("01_collectives", ("--size-mib", "0.01", "--repeats", "1", "--no-draw"), judge=_values_match)
+# Lesson 02's --naive run averages every gradient with ring_all_reduce (through comm.all_reduce).
+LESSON02 = Run("02_data_parallel", lambda n: ("--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
+                                              "--steps", "1", "--timing-reps", "1", "--peak-tflops", "1",
+                                              "--batch-size", str(2 * n), "--naive"))
+
 EXERCISES = [
     Exercise("1.1", "ring_reduce_scatter", collectives.ring_reduce_scatter, check_ring_reduce_scatter, MIN_RANKS,
-             groups=True),
-    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather, MIN_RANKS, groups=True),
-    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce, MIN_RANKS, groups=True),
+             groups=True, runs=(LESSON01,)),
+    Exercise("1.2", "ring_all_gather", collectives.ring_all_gather, check_ring_all_gather, MIN_RANKS, groups=True,
+             runs=(LESSON01,)),
+    Exercise("1.3", "ring_all_reduce", collectives.ring_all_reduce, check_ring_all_reduce, MIN_RANKS, groups=True,
+             runs=(LESSON01, LESSON02)),
 ]
