@@ -112,7 +112,7 @@ def test_planted_01_concrete_bugs_fail_at_once(tmp_path):
 
 
 def test_planted_01_deadlocks_fail_within_the_timeout_naming_every_rank(tmp_path):
-    timeout = 6
+    timeout = 4
     expected = {f: {k: v and "did not finish" for k, v in d.items()} for f, d in DEADLOCKS_01.items()}
     proc, run = grade(3, [PLANTED / f for f in DEADLOCKS_01], "01", timeout, tmp_path)
     assert_rows(proc, run, expected, timeout, deadlock=True)
@@ -305,6 +305,8 @@ def declared_jobs():
         if d is None:
             assert path.name in OLD, f"{path.name} says nothing of what it expects: give it an EXPECT"
             continue
+        if path.name in OLD:          # graded by a test of its own above
+            continue
         key = (path.name[:2], d["ranks"], d["timeout"], path.name if d["alone"] else "")
         jobs.setdefault(key, []).append((path, d))
     return sorted(jobs.items())
@@ -329,13 +331,13 @@ def test_the_teachers_form_grades_each_file_in_jobs_of_its_own(tmp_path):
     out = tmp_path / "out.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", MINIDIST_MPIRUN=str(MPIRUN))
     proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "04", "--ranks", "3,4",
-                           "--only", "4.3", "--timeout", "5", folder, "--json", out],
+                           "--only", "4.3", "--timeout", "3", folder, "--json", out],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     run = json.loads(out.read_text())
     got = {(Path(r["file"]).name, r["ranks"]): (r["verdict"], r["message"]) for r in run["results"]}
     assert got[("bob.py", 3)][0] == got[("bob.py", 4)][0] == "PASS", proc.stdout + proc.stderr
     assert got[("alice.py", 3)][0] == got[("alice.py", 4)][0] == "FAIL"
-    assert "did not finish within 5 s" in got[("alice.py", 3)][1], got
+    assert "did not finish within 3 s" in got[("alice.py", 3)][1], got
     assert proc.returncode == run["exit_code"] == 1 and run["ranks"] == [3, 4]
     assert [(Path(f["file"]).name, f["passed"], f["total"]) for f in run["files"]] == [("alice.py", 0, 2),
                                                                                       ("bob.py", 2, 2)]
