@@ -112,7 +112,7 @@ def test_planted_01_concrete_bugs_fail_at_once(tmp_path):
 
 
 def test_planted_01_deadlocks_fail_within_the_timeout_naming_every_rank(tmp_path):
-    timeout = 4
+    timeout = 3
     expected = {f: {k: v and "did not finish" for k, v in d.items()} for f, d in DEADLOCKS_01.items()}
     proc, run = grade(3, [PLANTED / f for f in DEADLOCKS_01], "01", timeout, tmp_path)
     assert_rows(proc, run, expected, timeout, deadlock=True)

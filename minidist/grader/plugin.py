@@ -8,7 +8,8 @@ PASSes, the grader puts the student's function where the package's answer is (ev
 module of minidist that holds the answer under its name, and the tables that list it),
 runs the lesson's own equivalence at a small shape on the graded ranks, and puts the
 package's answer back. An answer that makes the lesson MISMATCH, crash or hang FAILs,
-and the message names the lesson setting it broke, as a command the student can run:
+and the message names the lesson setting it broke, as the lesson's command line (where
+the package's own answer matches), and what the lesson found:
 
     FAIL  6.2 free_params: lesson 06 with your free_params (mpirun -n 3 python -m
           minidist.lessons.06_fsdp --n-layer 4 ... --dtype float32): crashed: ...
