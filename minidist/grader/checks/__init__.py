@@ -43,6 +43,19 @@ def own_session(session, split=False):
         session.free()
 
 
+def yours(fn, *args):
+    """fn(*args); an AssertionError from the student's own code is said to be theirs, not
+    taken for a check's finding (the grader's own, a Misuse, passes as it is)."""
+    from minidist.grader.referee import where
+    try:
+        return fn(*args)
+    except AssertionError as e:
+        if type(e) is not AssertionError:
+            raise
+        raise AssertionError(f"your code's assert failed{': ' + str(e) if str(e) else ''}{where(e)} "
+                             "(an assert in your function, not the grader's check)") from None
+
+
 def world_then_groups(s, cases):
     """Run cases(session) on the world, then on groups of another size (ranks 0 .. N-2, and
     rank N-1 alone): code with N written into it (n = 4, / 4) is right at one size only.

@@ -23,7 +23,7 @@ import numbers
 import types
 
 from minidist.comm import grid
-from minidist.grader.checks import Exercise
+from minidist.grader.checks import Exercise, yours as _yours
 from minidist.grader.plugin import Run
 from minidist.grader.referee import where
 
@@ -41,15 +41,6 @@ def _grids():
 def _ranks(tp, pp, dp):
     n = tp * pp * dp
     return range(n) if n <= 64 else sorted({0, 1, 7, 8, 63, 64, 513, n - 1})
-
-
-def _yours(fn, *args):
-    """fn(*args); an AssertionError from the student's own code is said to be theirs."""
-    try:
-        return fn(*args)
-    except AssertionError as e:
-        raise AssertionError(f"your code's assert failed{': ' + str(e) if str(e) else ''}{where(e)} "
-                             "(an assert in your function, not the grader's check)") from None
 
 
 def _sequence(call, got, what):

@@ -30,9 +30,8 @@ import contextlib
 import numpy as np
 
 from minidist import recompute
-from minidist.grader.checks import Exercise
+from minidist.grader.checks import Exercise, yours as _yours
 from minidist.grader.plugin import Run
-from minidist.grader.referee import where
 from minidist.model import GPT, GPTConfig
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor
@@ -64,15 +63,6 @@ def _plugged(name, fn):
         yield
     finally:
         setattr(recompute, name, old)
-
-
-def _yours(fn, *args):
-    """fn(*args); an AssertionError from the student's own code is said to be theirs."""
-    try:
-        return fn(*args)
-    except AssertionError as e:
-        raise AssertionError(f"your code's assert failed{': ' + str(e) if str(e) else ''}{where(e)} "
-                             "(an assert in your function, not the grader's check)") from None
 
 
 def _setup(seed=0):
