@@ -105,6 +105,13 @@ def test_lesson_04_refuses_a_latency_too_long_to_draw_once_on_every_rank():
 
 
 @pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+def test_lesson_04_refuses_a_trace_into_a_missing_folder_before_it_runs():
+    """Every output path is checked up front, as --json is: not after the whole run."""
+    proc = mpirun_lesson("04_pipeline_parallel", ["--trace", "/no/such/dir/t.json"], n=2)
+    assert_refused_once(proc, "--trace /no/such/dir/t.json: the folder /no/such/dir does not exist")
+
+
+@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
 def test_lesson_04_latency_shows_what_the_warmup_factor_buys(tmp_path):
     """Interleaved at p = 2, m = 4, v = 2 with messages of a quarter of a chunk's forward: the
     picture and the bubble with the latency, the schedule without the factor 2 beside today's

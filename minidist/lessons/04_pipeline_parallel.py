@@ -343,7 +343,7 @@ def build_parser():
                    help="give each message between ranks the time of F chunk forwards (0.25: a quarter of one; "
                         f"more than 0, at most {MAX_LATENCY}) in the picture and the simulated bubble; with "
                         "--schedule interleaved, also the same schedule without the factor 2 of its warm-up")
-    p.add_argument("--trace", metavar="PATH", help="write the last step's timeline as Chrome trace JSON")
+    harness.add_output(p, "--trace", help="write the last step's timeline as Chrome trace JSON")
     common.add_step_flags(p, clip_off=False)
     return p
 

@@ -191,7 +191,7 @@ def parser(description, steps=3, dtype="float64"):
     p.add_argument("--dtype", choices=["float32", "float64"], default=dtype,
                    help="float64 checks exactness, float32 is the speed case (default %(default)s)")
     p.add_argument("--seed", type=nonnegative_int, default=1337, help="seed for weights and batches (0 or more)")
-    p.add_argument("--json", metavar="PATH", help="write the lesson's report as JSON on rank 0")
+    add_output(p, "--json", help="write the lesson's report as JSON on rank 0")
     return p
 
 
@@ -303,8 +303,14 @@ def finish(report, args):
     return 0 if match else 1
 
 
-def json_problem(path):
-    """Why the report cannot be written to `path`, or None when it can.
+def add_output(p, flag, help):
+    """A flag naming a file the lesson writes (--json, --trace): checked before the run."""
+    action = p.add_argument(flag, metavar="PATH", help=help)
+    p.outputs = getattr(p, "outputs", []) + [(flag, action.dest)]
+
+
+def json_problem(path, flag="--json"):
+    """Why the file `path` (given to `flag`) cannot be written, or None when it can.
 
     Found before the run, not after it: a folder given as the file, a missing or
     read-only folder, a file that exists but cannot be written (tried by opening it to
@@ -313,17 +319,17 @@ def json_problem(path):
     full = os.path.abspath(path)
     folder = os.path.dirname(full)
     if os.path.isdir(full):
-        return f"--json {path}: that is a folder; give a file name, e.g. {os.path.join(path, 'report.json')}"
+        return f"{flag} {path}: that is a folder; give a file name, e.g. {os.path.join(path, 'report.json')}"
     if not os.path.isdir(folder):
-        return f"--json {path}: the folder {folder} does not exist"
+        return f"{flag} {path}: the folder {folder} does not exist"
     if os.path.exists(full):
         try:                       # opening to append changes nothing in the file
             open(full, "a").close()
         except OSError as e:
-            return f"--json {path}: the file exists and cannot be written ({e.strerror})"
+            return f"{flag} {path}: the file exists and cannot be written ({e.strerror})"
         return None
     if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--json {path}: the folder {folder} is not writable"
+        return f"{flag} {path}: the folder {folder} is not writable"
     return None
 
 
@@ -338,9 +344,10 @@ def run(main, p):
     """Parse flags, run main(args) and exit with its code; InputError -> one line, exit 2."""
     args = p.parse_args()
     try:
-        if getattr(args, "json", None):  # found now, not after the whole run
-            problem = _root_decides(json_problem(args.json) if is_root() else None)
-            need(problem is None, problem)
+        for flag, dest in getattr(p, "outputs", []):   # found now, not after the whole run
+            if getattr(args, dest, None):
+                problem = _root_decides(json_problem(getattr(args, dest), flag) if is_root() else None)
+                need(problem is None, problem)
         code = main(args)
     except InputError as e:
         say(f"error: {e}", file=sys.stderr)
