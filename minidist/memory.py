@@ -58,9 +58,31 @@ def _positive(kind):
     return parse
 
 
+SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parameter_count(text):
+    """argparse type: 7.5e9, 7500000000, 7.5B, 70b, 350M, 1.2T -> a positive float."""
+    t = text.strip().replace("_", "").replace(",", "")
+    scale = SUFFIX.get(t[-1:].lower(), 1.0) if t[-1:].isalpha() else 1.0
+    try:
+        v = float(t[:-1] if scale != 1.0 else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a parameter count such as 7.5e9, 7.5B, 350M or 1.2T, got {text!r}")
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive parameter count, got {text!r}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):            # one line, exit 2 (the usage is under --help)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m minidist.memory", description=__doc__.split("\n\n")[0])
-    p.add_argument("--params", type=_positive(float), required=True, help="parameter count Psi, e.g. 7.5e9")
+    p = _Parser(prog="python -m minidist.memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=parameter_count, required=True,
+                   help="parameter count Psi: 7.5e9, 7.5B, 350M or 1.2T")
     p.add_argument("--dp", type=_positive(int), required=True, help="data-parallel devices N_d")
     for name, helptext in (("seq", "sequence length s"), ("batch", "micro-batch b"), ("hidden", "hidden size h"),
                            ("heads", "attention heads a"), ("layers", "layers L")):

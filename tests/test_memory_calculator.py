@@ -79,3 +79,18 @@ def test_bad_values_exit_2_with_one_message(argv):
     out = run(*argv)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("error:") == 1, out.stderr
+
+
+@pytest.mark.parametrize("text, value", [("7.5e9", 7.5e9), ("7.5B", 7.5e9), ("70b", 70e9), ("350M", 350e6),
+                                         ("1.2T", 1.2e12), ("7_500_000_000", 7.5e9)])
+def test_parameter_counts_as_people_write_them(text, value):
+    from minidist.memory import parameter_count
+    assert parameter_count(text) == pytest.approx(value, rel=1e-12)
+
+
+def test_a_bad_parameter_count_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "minidist.memory", "--params", "7.5X", "--dp", "64"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "7.5B, 350M or 1.2T" in lines[0], lines
