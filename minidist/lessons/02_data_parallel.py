@@ -100,11 +100,11 @@ def main(args):
     rows = common.batch_rows(args, rank, world)
     data = common.load_dataset(args, comm)
     mode = "naive (one ring all-reduce per parameter)" if args.naive else f"bucketed ({args.bucket_mb:g} MiB buckets, overlapped)"
-    say(f"Lesson 02: data parallelism on {world} ranks, {mode}\n")
+    say(f"Lesson 02: data parallelism on {harness.ranks(world)}, {mode}\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
         f"dropout={cfg.dropout} {cfg.dtype}")
     per_rank = args.batch_size // world
-    say(f"batch   global {args.batch_size} sequences = {world} ranks x {per_rank}"
+    say(f"batch   global {args.batch_size} sequences = {harness.ranks(world)} x {per_rank}"
         + (f" (each as {args.grad_accum} micro-batches of {per_rank // args.grad_accum}, one all-reduce per step)"
            if args.grad_accum > 1 else ""))
     say(f"steps   {args.steps} AdamW steps, " + (f"gradient clipping at norm {args.grad_clip}" if args.grad_clip
@@ -136,7 +136,7 @@ def main(args):
     identical = len(set(crcs.tolist())) == 1
     match = bool(rel <= tol and identical)
 
-    common.report_comparison(comm, f"{world} ranks", ref_losses, losses, state, ref_state, tol,
+    common.report_comparison(comm, harness.ranks(world), ref_losses, losses, state, ref_state, tol,
                              show_where=" on rank 0")
     say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
     factor, residual = common.gradient_factor(state, ref_state)
@@ -144,7 +144,7 @@ def main(args):
         say(f"  on rank 0, step 0's raw gradients are {factor:.6g} x the reference's everywhere (residual "
             f"{residual:.1e}):\n  a constant factor. Look at how the gradients are averaged (/ N) and how "
             f"micro-batch losses are scaled (/ k)")
-    say(f"  replicas after training: {'identical' if identical else 'DIFFERENT'} on all {world} ranks "
+    say(f"  replicas after training: {'identical' if identical else 'DIFFERENT'} on all {harness.ranks(world)} "
         f"(CRC of the weights {crcs[0] & 0xffffffff:08x}{'' if identical else ' ...'})\n")
 
     say(f"communication per step, per rank (gradients: {fmt_bytes(grad_bytes)} = {grad_bytes // cfg_itemsize(cfg):,} "

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from minidist.lessons.harness import (InputError, need, nonnegative_float, physical_memory, positive_float,
-                                      positive_int)
+                                      positive_int, ranks)
 
 
 def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
@@ -186,7 +186,7 @@ def report_comparison(comm, against, ref_losses, losses, state, ref_state, tol, 
     for line in COMPARED + tuple(notes):
         say(f"  - {line}")
     table([[s, f"{a:.6f}", f"{b:.6f}"] for s, (a, b) in enumerate(zip(ref_losses, losses))],
-          header=["step", "loss 1 process", loss_label or f"loss {comm.Get_size()} ranks"])
+          header=["step", "loss 1 process", loss_label or f"loss {ranks(comm.Get_size())}"])
     for kind, r, _, w in compare_by_kind(state, ref_state):
         r = mpi_reduce(comm, r)
         worst = f"  (largest in {where(w)}{show_where})" if show_where is not None and ":" in w else ""

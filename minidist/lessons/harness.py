@@ -106,6 +106,11 @@ def table(rows, header=None, indent="  "):
             say(indent + "  ".join("-" * w for w in widths))
 
 
+def ranks(n):
+    """3 -> '3 ranks', 1 -> '1 rank'."""
+    return f"{n} rank{'' if n == 1 else 's'}"
+
+
 def fmt_bytes(n):
     """1536 -> '1.50 KiB'."""
     if n is None:
