@@ -132,6 +132,16 @@ def test_a_launcher_that_cannot_start_fails_every_row_in_words(tmp_path):
     assert all("could not start /no/such/mpirun" in l and "MINIDIST_MPIRUN" in l for l in rows), rows
 
 
+def test_an_untouched_stub_is_known_by_its_body(tmp_path):
+    f = tmp_path / "s.py"
+    f.write_text('def a(x):\n    """Doc."""\n    raise NotImplementedError("exercise 9.1: a")\n\n'
+                 'def b(x):\n    raise NotImplementedError\n\n'
+                 'def c(x):\n    y = x\n    raise NotImplementedError("exercise 9.3: c")\n')
+    mod = grade.load_student(f)
+    assert grade.untouched(mod.a) == "exercise 9.1: a" and grade.untouched(mod.b) == "not implemented yet"
+    assert grade.untouched(mod.c) is None and grade.untouched(print) is None
+
+
 def test_only_takes_one_exercise_before_the_file():
     proc = run("--only", "0.4", STUBS)
     lines = [l for l in proc.stdout.splitlines() if l.split()[:1] in (["PASS"], ["FAIL"], ["TODO"])]

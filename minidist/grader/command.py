@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from minidist.failfast import agreed_exit
-from minidist.grader.referee import (FAIL, PASS, S_FAIL, TODO, release, run_check, settle, start_check,
+from minidist.grader.referee import (FAIL, PASS, S_FAIL, S_TODO, TODO, release, run_check, settle, start_check,
                                      verdict_of, where, word)
 
 EPILOG = """ranks:
@@ -137,6 +137,32 @@ def student_files(paths):
         else:
             raise UsageError(f"no such file: {p}")
     return files
+
+
+def untouched(fn):
+    """The stub's text as the exercise file has it, when fn's body is still only
+    `raise NotImplementedError(...)` (after its docstring); else None. Such a stub is TODO
+    at any number of ranks, without being run."""
+    import ast
+    import inspect
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) \
+        and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str) else node.body
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return None
+    exc = body[0].exc
+    call = exc.func if isinstance(exc, ast.Call) else exc
+    if not (isinstance(call, ast.Name) and call.id == "NotImplementedError"):
+        return None
+    if isinstance(exc, ast.Call) and exc.args and isinstance(exc.args[0], ast.Constant):
+        return str(exc.args[0].value)
+    return "not implemented yet"
 
 
 def load_student(path, i=0):
@@ -227,6 +253,8 @@ class Grader:
             result["v"] = (S_FAIL, load_error)
         elif not callable(fn):
             result["v"] = (S_FAIL, f"the file has no function named {ex.name}")
+        elif untouched(fn) is not None:
+            result["v"] = (S_TODO, untouched(fn))
         elif self.n < ex.min_ranks:
             result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: "
                            f"{ex.why_ranks} grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
