@@ -247,8 +247,8 @@ def main(args):
     say("  algbw = M / time; busbw = algbw x 2(N-1)/N (all-reduce), (N-1)/N (reduce-scatter, all-gather,")
     say("  all-to-all), 1 (broadcast, reduce): nccl-tests' convention, comparable across N.")
     say("  * MPI's own all-reduce moves its bytes inside the library, where minidist cannot count them;")
-    say("    its algorithm is MPICH's choice for this size (docs/reference.md#the-alpha-beta-cost-model),")
-    say("    not necessarily a ring.")
+    say(f"    its algorithm is {mpi_library()}'s choice for this size, not necessarily a ring")
+    say("    (docs/reference.md#the-alpha-beta-cost-model).")
 
     # 3. the alpha-beta model with this machine's alpha and beta
     alpha_beta(comm, n, M, args.repeats)
@@ -263,6 +263,14 @@ def main(args):
         comm={"bytes_sent": {key(k): v for k, v in measured.items() if v is not None},
               "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}})
     return harness.finish(report, args)
+
+
+def mpi_library():
+    """The MPI library running this job, in a few words: 'MPICH 5.0.2', 'Open MPI v5.0.11'."""
+    import re
+    text = MPI.Get_library_version()
+    m = re.match(r"\s*(MPICH) Version:\s*(\S+)", text) or re.match(r"\s*(Open MPI) (v?[\d.]+)", text)
+    return f"{m.group(1)} {m.group(2)}" if m else (text.split(",")[0].strip() or "this MPI")
 
 
 def alpha_beta(comm, n, M, repeats):
@@ -288,7 +296,8 @@ def alpha_beta(comm, n, M, repeats):
     model = {"ring": lambda m: 2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta,
              "recursive doubling": lambda m: lg * (alpha + m * beta),
              "naive": lambda m: 2 * (n - 1) * (alpha + m * beta)}
-    say(f"\nalpha-beta model (MPICH's cost comments; docs/reference.md#the-alpha-beta-cost-model),")
+    say(f"\nalpha-beta model (the costs MPICH's source gives its algorithms; this job runs {mpi_library()};")
+    say("docs/reference.md#the-alpha-beta-cost-model),")
     say("measured here by ping-pong:")
     say(f"  alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
         f"({1 / beta / 1e9:.2f} GB/s)")
