@@ -16,6 +16,7 @@ collective agreed with one process and every byte count equalled its formula.
 """
 import math
 import os
+import re
 
 import numpy as np
 from mpi4py import MPI
@@ -267,7 +268,6 @@ def main(args):
 
 def mpi_library():
     """The MPI library running this job, in a few words: 'MPICH 5.0.2', 'Open MPI v5.0.11'."""
-    import re
     text = MPI.Get_library_version()
     m = re.match(r"\s*(MPICH) Version:\s*(\S+)", text) or re.match(r"\s*(Open MPI) (v?[\d.]+)", text)
     return f"{m.group(1)} {m.group(2)}" if m else (text.split(",")[0].strip() or "this MPI")
