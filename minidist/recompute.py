@@ -29,8 +29,9 @@ Policies for a stack of blocks (`Policy`, `run_blocks`), as GPT.set_recompute ap
 `none`; `full` (each block a checkpoint: keeps L block inputs, rebuilds one block at a
 time); `every-k` (a checkpoint per segment of k blocks, k = round(sqrt(L)) by default:
 L/k inputs kept plus k blocks rebuilt: (L/k) x + k A, least at k = sqrt(L x / A); Chen
-et al.'s sqrt(L) assumes x ~ A, while a transformer block's saves A are many times its
-input x, so full keeps less); `selective`
+et al.'s sqrt(L) assumes x ~ A. A transformer block's saves A are many times its input
+x, yet k = 2 still beats full (L x + A) once L > 2A/x: at x = 2sbh, A = 34sbh, from
+L = 35 on. Full keeps the least only for shallower stacks, as in lesson 08); `selective`
 (only the attention core, whose b*nh*T*T probabilities and mask are the 5as^2b term of
 Korthikanti et al. 2022, arXiv 2205.05198: cheap to rerun, large to keep).
 """

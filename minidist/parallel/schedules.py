@@ -54,7 +54,9 @@ def gpipe(p, m):
 
 
 def one_f_one_b(p, m):
-    """1F1B, PipeDream-Flush (Narayanan et al. 2021, section 2.2).
+    """1F1B: PipeDream's schedule (Narayanan et al., SOSP 2019), flushed as PipeDream-Flush
+    (the PipeDream-2BW paper, Narayanan et al., ICML 2021), as Megatron-LM runs it
+    (Narayanan et al., SC 2021, section 2.2).
 
     Rank r warms up with p-r-1 forwards (what is in flight below it), then alternates one
     forward and one backward, then drains the last backwards. A micro-batch's activations
