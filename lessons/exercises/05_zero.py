@@ -7,8 +7,9 @@ Replace each `raise` with your code, then grade your file under MPI at 3 ranks a
     mpirun -n 3 python -m minidist.grade lessons/exercises/05_zero.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/05_zero.py
 
-The package's answers, which the lesson runs, are in minidist/parallel/zero.py under the
-same names. Lesson 06's exercises (lessons/exercises/06_fsdp.py) gather and free a unit.
+The package's answers, which the lesson runs, are in minidist/parallel/flat_shards.py
+under the same names (zero.py re-exports them). Lesson 06's exercises
+(lessons/exercises/06_fsdp.py) gather and free a unit.
 """
 import numpy as np  # noqa: F401  (you will want it)
 

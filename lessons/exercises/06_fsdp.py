@@ -13,7 +13,7 @@ The grader calls each function on several units, in float64 and in float32, of s
 that no world size divides (the shards differ in length by one), and checks that the
 units gathered earlier keep their values; then it runs lesson 06 with your function in
 the package's place, in float64 and float32. The package's answers, which lesson 06
-runs, are in minidist/parallel/fsdp.py.
+runs, are in minidist/parallel/flat_shards.py (fsdp.py re-exports them).
 """
 import numpy as np  # noqa: F401  (you will want it)
 

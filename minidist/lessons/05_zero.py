@@ -23,6 +23,7 @@ from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.data_parallel import BucketedDataParallel
+from minidist.parallel.fsdp import Units
 from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
@@ -43,7 +44,9 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
         dp = BucketedDataParallel(model, comm, bucket_bytes=args.bucket_kb * 1024)
         runner = opt
     else:
-        dp = runner = ZeRO(model, opt, comm, stage=stage, bucket_bytes=args.bucket_kb * 1024, overlap=overlap)
+        units = Units(model, comm) if stage == 3 else None     # stage 3: FSDP's units, resharded, no prefetch
+        dp = runner = ZeRO(model, opt, comm, stage=stage, bucket_bytes=args.bucket_kb * 1024, overlap=overlap,
+                           units=units)
     MEMORY.reset_peak()
     with stats.measure() as m:
         losses, state, times = common.train_and_collect(model, runner, data, args, tc, rows, args.grad_accum, dp)

@@ -26,50 +26,29 @@ alone: comm.nonblocking.RingAllGather) when a unit starts, so it travels while t
 computes; backward's ops call test() in between (MPI moves data only inside MPI calls).
 
 This file holds the units; the optimizer and train_step's slot are zero.ZeRO's (FSDP
-is `ZeRO(..., stage=3)` with the units' choices). Flat buffers rather than each
+is `ZeRO(..., stage=3, units=Units(...))` with the units' choices). Layout: the flat sharded
+buffer (Group), gather_params, free_params and the reduce-scatter live in
+parallel/flat_shards.py, below this file and zero.py. Stage 3 is these units under ZeRO's
+optimizer, so this file imports zero.py (for FSDP) and zero.py never imports this one: it
+takes the units as an argument. Each file keeps one topic: zero.py the sharded optimizer,
+this one when units are gathered and freed. Flat buffers rather than each
 parameter split along dim 0 (FSDP2): one message per unit, and the same partitioning as
 stages 1 and 2, so one exercise covers both.
 """
 import contextlib
 import time
 
-import numpy as np
-
 from minidist import context
-from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_all_gather_start
+# the flat sharded buffer and the exercises' answers 6.1 and 6.2, re-exported under these
+# names (fsdp.gather_params, fsdp.free_params: the very same objects)
+from minidist.parallel.flat_shards import Group, free_params, gather_params, reduce_grads
+from minidist.parallel.zero import ZeRO
 from minidist.tensor import Function, backward_step_callback
 
-EMPTY = {}   # dtype -> the zero-size array a freed parameter points at
-
-
-def gather_params(comm, group):
-    """All-gather a unit's shards into one flat buffer and point its parameters at views
-    of it. Returns the buffer. (Exercise 6.1.)"""
-    full = ring_all_gather(comm, group.shard)
-    group.point(full)                      # each parameter a view of its part of `full`
-    return full
-
-
-def free_params(group):
-    """Point a unit's parameters at an empty array: the gathered buffer goes (nodes of the
-    graph saved these parameters by reference, context.ON_DEMAND). (Exercise 6.2.)"""
-    empty = EMPTY.setdefault(group.dtype, np.empty(0, group.dtype))
-    for p in group.params:
-        p.data = empty
-
-
-def reduce_grads(comm, group):
-    """Reduce-scatter a unit's gradients (/ N) into my shard's gradient; drop the full ones
-    (exercise 5.2's reduce_scatter_grad does the communication)."""
-    from minidist.parallel.zero import reduce_scatter_grad
-    group.add_grad(reduce_scatter_grad(comm, group.flat_grads()))
-
-
 def FSDP(model, opt, comm, reshard_after_forward=True, prefetch=True):
-    """The optimizer and train_step's slot of an FSDP run: ZeRO stage 3 with these choices."""
-    from minidist.parallel.zero import ZeRO
-    return ZeRO(model, opt, comm, stage=3, reshard_after_forward=reshard_after_forward, prefetch=prefetch)
+    """The optimizer and train_step's slot of an FSDP run: ZeRO stage 3 over these units."""
+    return ZeRO(model, opt, comm, stage=3, units=Units(model, comm, reshard_after_forward, prefetch))
 
 
 class PreBackward(Function):
@@ -91,7 +70,6 @@ class Units:
     """The units of a GPT, their shards, and when they are gathered and freed."""
 
     def __init__(self, model, comm, reshard_after_forward=True, prefetch=False):
-        from minidist.parallel.zero import Group
         self.comm, self.reshard, self.prefetch = comm, reshard_after_forward, prefetch
         blocks = list(model.transformer.h)
         prefixes = [f"transformer.h.{i}." for i in range(len(blocks))]

@@ -18,111 +18,36 @@ not divide by N leaves ranks one element apart. Values sent per rank per step, P
 parameter count, ring factor (N-1)/N (docs/reference.md#zero-memory-and-communication):
 stage 1 and 2: reduce-scatter Psi + all-gather Psi = 2 Psi, as data parallelism's
 all-reduce; stage 3: all-gather Psi (forward) + Psi (backward) + reduce-scatter Psi = 3 Psi,
-less the root unit's backward gather here (see Stage3Units).
+less the root unit's backward gather here (see fsdp.Units).
 
 One object is both the optimizer and train_step's `dp` slot: `zero = ZeRO(model, opt, comm,
-stage)`, then `train_step(model, zero, batches, lr, clip, dp=zero)`. Its AdamW is
+stage)`, then `train_step(model, zero, batches, lr, clip, dp=zero)`. Stage 3 takes its units
+from the caller, `ZeRO(model, opt, comm, 3, units=fsdp.Units(model, comm))`, which is what
+`fsdp.FSDP` builds. Its AdamW is
 optim.AdamW itself, run on "pieces": Parameters that are views of my partition, one per
 model parameter it overlaps, each with the weight decay the single-process optimizer
 gives that parameter, so every formula of the update lives once.
+
+Layout: the flat sharded buffer (Group), its partition, gather and reduce-scatter live in
+parallel/flat_shards.py, below this file and fsdp.py. Stage 3 is FSDP's units under this
+optimizer, so fsdp.py imports this file (FSDP = ZeRO at stage 3 over its Units) and this
+file never imports fsdp.py: it takes the units as an argument (any object with `groups`,
+`reshard`, `on_grad` and `backward_context`). This file stays the optimizer and the dp
+slot; gathering and freeing units stays fsdp's topic.
 """
 import contextlib
 
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import ring_all_gather, ring_reduce_scatter
+from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_reduce_scatter_start
-from minidist.nn import Parameter
 from minidist.optim import AdamW, grad_norm_sq
 from minidist.parallel.data_parallel import assign_buckets
+# the flat sharded buffer and the exercises' answers 5.1 and 5.2, re-exported under these
+# names (zero.partition, zero.reduce_scatter_grad, zero.Group: the very same objects)
+from minidist.parallel.flat_shards import Group, partition, reduce_grads, reduce_scatter_grad  # noqa: F401
 from minidist.tensor import backward_step_callback
-
-
-def partition(n, size, rank):
-    """(lo, hi): rank's share of n elements, as numpy.array_split(range(n), size) cuts.
-
-    The first n % size ranks get one element more. (Exercise 5.1.)
-    """
-    q, r = divmod(n, size)
-    lo = rank * q + min(rank, r)
-    return lo, lo + q + (1 if rank < r else 0)
-
-
-def reduce_scatter_grad(comm, flat):
-    """My partition of the average over ranks of `flat`: a ring reduce-scatter (sum), / N.
-
-    Returns a new array; `flat` is left as it is. Data parallelism's all-reduce would send
-    twice as much and leave every rank the whole average it no longer needs. (Exercise 5.2.)
-    """
-    return ring_reduce_scatter(comm, flat, op="sum") / comm.Get_size()
-
-
-class Group:
-    """Parameters laid end to end in one flat buffer, partitioned across the ranks.
-
-    `pieces` are Parameters over my partition, one per model parameter it overlaps:
-    views of that parameter's own array (`shard=None`: stages 1, 2) or of the shard
-    this group keeps (stage 3, where the model's arrays are gathered only when used).
-    """
-
-    def __init__(self, named, comm, shard=False):
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.shapes = [p.shape for p in self.params]   # kept: a freed parameter's array is empty
-        self.offsets = np.cumsum([0] + [p.size for p in self.params]).tolist()
-        self.n, self.dtype = self.offsets[-1], self.params[0].dtype
-        self.shard_itemsize = self.params[0].data.itemsize
-        self.lo, self.hi = partition(self.n, comm.Get_size(), comm.Get_rank())
-        self.shard = self.flat_data()[self.lo:self.hi].copy() if shard else None
-        self.grad = None                            # my partition's gradient, summed over ranks / N
-        self.pieces, self.owner, self.names_of_pieces = [], [], []
-        for name, p, off in zip(self.names, self.params, self.offsets):
-            a, b = max(self.lo, off) - off, min(self.hi, off + p.size) - off    # noqa (p is whole here)   # p's elements in my partition
-            if a >= b:
-                continue
-            src = self.shard[off + a - self.lo:off + b - self.lo] if shard else p.data.reshape(-1)[a:b]
-            self.pieces.append(Parameter(src))
-            self.owner.append(p)
-            self.names_of_pieces.append(f"{name}[{a}:{b}]")
-
-    def flat_data(self):
-        return np.concatenate([p.data.reshape(-1) for p in self.params]) if self.params else np.zeros(0)
-
-    def flat_grads(self, drop=True):
-        """The model's gradients of this group end to end (zeros where none); with `drop`
-        the full-size gradients go as they are copied (stages 2, 3)."""
-        flat = np.zeros(self.n, self.dtype)
-        for p, off in zip(self.params, self.offsets):
-            if p.grad is not None:
-                flat[off:off + p.grad.size] = p.grad.reshape(-1)
-                if drop:
-                    p.grad = None
-        return flat
-
-    def add_grad(self, part):
-        """Accumulate my reduced partition (gradient accumulation adds micro-batches)."""
-        self.grad = part if self.grad is None else self.grad + part
-        for q, (p, off) in zip(self.pieces, self._piece_spans()):
-            q.grad = self.grad[off:off + q.size].reshape(q.shape)
-
-    def _piece_spans(self):
-        for q, p in zip(self.pieces, self.owner):
-            i = self.params.index(p)
-            yield p, max(self.lo, self.offsets[i]) - self.lo
-
-    def write_back(self, full):
-        """Copy a gathered flat buffer into the model's parameters (stages 1 and 2)."""
-        self.point(full, copy=True)
-
-    def point(self, full, copy=False):
-        """Make the parameters views of (or, with copy, copies from) a gathered flat buffer."""
-        for p, shape, off in zip(self.params, self.shapes, self.offsets):
-            view = full[off:off + int(np.prod(shape, dtype=np.int64))].reshape(shape)
-            if copy:
-                p.data[...] = view
-            else:
-                p.data = view
 
 
 def sharded_adamw(opt, groups):
@@ -140,7 +65,7 @@ def sharded_adamw(opt, groups):
 
 
 class ZeRO:
-    """Stages 1 and 2 (stage 3: Stage3Units below, through this same class).
+    """Stages 1 and 2, and stage 3 over the units it is given (fsdp.Units).
 
     stage 1: gradients accumulate whole on each rank, one reduce-scatter in sync().
     stage 2: buckets of `bucket_bytes` in reverse parameter order; `overlap=False` (naive):
@@ -152,9 +77,12 @@ class ZeRO:
     """
 
     def __init__(self, model, opt, comm, stage=1, bucket_bytes=2**18, overlap=False,
-                 reshard_after_forward=True, prefetch=False, max_in_flight=2):
+                 units=None, max_in_flight=2):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
+        if stage == 3 and units is None:
+            raise ValueError("ZeRO stage 3 gathers and frees units: pass units=fsdp.Units(model, comm) "
+                             "(or build it with fsdp.FSDP)")
         self.model, self.comm, self.stage, self.overlap = model, comm, stage, overlap
         self.max_in_flight = max_in_flight
         named = model.named_parameters()
@@ -164,8 +92,7 @@ class ZeRO:
             buckets = assign_buckets([p.data.nbytes for _, p in named], bucket_bytes)
             self.groups = [Group([named[i] for i in sorted(b)], comm) for b in buckets]
         else:
-            from minidist.parallel.fsdp import Units
-            self.units = Units(model, comm, reshard_after_forward, prefetch)
+            self.units = units                      # fsdp.Units: the model's units, already sharded
             self.groups = self.units.groups
             self.units.on_grad = self._note_grads   # a unit's full gradients, just before its reduce
         self.inner = sharded_adamw(opt, self.groups)
@@ -246,8 +173,7 @@ class ZeRO:
         g.add_grad(h.wait() / self.comm.Get_size())
 
     def _reduce(self, g):
-        from minidist.parallel.fsdp import reduce_grads     # FSDP's units reduce the same way
-        reduce_grads(self.comm, g)
+        reduce_grads(self.comm, g)                  # FSDP's units reduce the same way
         self._note_grads()
 
     def sync(self):

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidist.comm import stats
+from minidist.comm import ring_reduce_scatter, stats
 from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.parallel import zero as zero_module
+from minidist.parallel.fsdp import Units
 from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
 from sharded_setup import ACCUM, BATCH, Setup
 
@@ -34,7 +35,8 @@ fresh, reference = SETUP.fresh, SETUP.reference
 
 def run(**kw):
     model, opt = fresh()
-    z = ZeRO(model, opt, COMM, **kw)
+    units = Units(model, COMM) if kw.get("stage") == 3 else None    # stage 3: FSDP's units
+    z = ZeRO(model, opt, COMM, units=units, **kw)
     rows = shard_slice(BATCH, COMM.Get_rank(), N, ACCUM)
     with stats.measure() as m:
         losses, state, _ = common.train_and_collect(model, z, DATA, ARGS, TC, rows, ACCUM, z)
@@ -106,7 +108,7 @@ def test_forgetting_to_average_fails(monkeypatch):
     if N == 1:
         pytest.skip("at one rank the sum is the average")
     monkeypatch.setattr(zero_module, "reduce_scatter_grad",
-                        lambda comm, flat: zero_module.ring_reduce_scatter(comm, flat, op="sum"))
+                        lambda comm, flat: ring_reduce_scatter(comm, flat, op="sum"))
     assert run(stage=1).rel > 1e-3
 
 
