@@ -136,8 +136,8 @@ def main(args):
     rel, abs_err, worst_name, n_checked = gradient_check(args.seed)
     ok = rel <= GRADCHECK_TOL
     say(f"\ngradient check: backward() vs central differences, float64, tiny GPT (n_layer=2, n_embd=16)")
-    say(f"  {n_checked} elements, 3 drawn from each parameter tensor; the worst, in {worst_name}, is off by")
-    say(f"  {rel:.2e} of that tensor's largest gradient (bound {GRADCHECK_TOL:.0e}) -> {'PASS' if ok else 'FAIL'}")
+    say(f"  {n_checked} elements, 3 drawn from each parameter tensor; the worst, in {worst_name},")
+    say(f"  is off by {rel:.2e} of that tensor's largest gradient (bound {GRADCHECK_TOL:.0e}) -> {'PASS' if ok else 'FAIL'}")
 
     if args.sample_tokens:
         start = encode("def ")[None, :].astype(np.int64)

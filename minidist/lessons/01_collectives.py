@@ -80,7 +80,7 @@ def draw_ring(n):
         else:
             which = f"#(r-{s - 1}) mod {n}" if s > 1 else "#r"
             what = f"chunk {which} right; the receiver keeps it"
-        show(f"\n{phase} step {s} of {n - 1}: rank r sends {what} ({moves})", set(new))
+        show(f"\n{phase} step {s} of {n - 1}: rank r sends {what}\n  ({moves})", set(new))
         if phase == "reduce-scatter" and s == n - 1:
             say("-> rank r now holds chunk #r summed over all ranks ('all'): that is reduce-scatter.")
     say(f"-> every rank holds every chunk summed: all-reduce in 2(N-1) = {2 * (n - 1)} steps.\n")

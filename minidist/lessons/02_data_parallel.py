@@ -74,7 +74,7 @@ def time_sync(model, comm, args, data, naive):
     return float(np.median(back)), float(np.median(after)), getattr(dp, "timeline", None)
 
 
-def draw_timeline(tl, width=56):
+def draw_timeline(tl, width=52):
     """The bucketed step as text: backward, then one row per bucket's all-reduce."""
     t0, t_end = tl["backward_start"], tl["sync_end"]
     span = max(t_end - t0, 1e-9)
@@ -159,11 +159,11 @@ def main(args):
     hidden = 1 - t_bucket[1] / t_naive[1] if t_naive[1] > 0 else 0.0
     say(f"\ntime of one backward + gradient averaging on rank 0 (median of {args.timing_reps})")
     harness.table([
-        ["naive", f"{t_naive[0] * 1e3:.1f} ms", f"{slowest[0] * 1e3:.1f} ms", f"{t_naive[1] * 1e3:.1f} ms",
-         "all of the communication"],
-        ["bucketed", f"{t_bucket[0] * 1e3:.1f} ms", f"{slowest[1] * 1e3:.1f} ms", f"{t_bucket[1] * 1e3:.1f} ms",
-         f"exposed: overlap hid {hidden:.0%} of the naive wait"],
-    ], header=["sync", "backward, rank 0", "slowest rank", "wait after backward", ""])
+        ["naive", f"{t_naive[0] * 1e3:.1f} ms", f"{slowest[0] * 1e3:.1f} ms", f"{t_naive[1] * 1e3:.1f} ms"],
+        ["bucketed", f"{t_bucket[0] * 1e3:.1f} ms", f"{slowest[1] * 1e3:.1f} ms", f"{t_bucket[1] * 1e3:.1f} ms"],
+    ], header=["sync", "backward, rank 0", "slowest rank", "wait after backward"])
+    say(f"  the wait: naive, all of the communication; bucketed, what is exposed:\n"
+        f"  overlap hid {hidden:.0%} of the naive wait")
     say("  The wait includes any wait for the slowest rank's backward. With more ranks than cores, ranks")
     say("  take turns on the CPU and every message also waits for its partner to be scheduled: compare")
     say(f"  -n 2 on a 2-core machine, one core per rank (this machine has {os.cpu_count()} cores).")
@@ -180,8 +180,8 @@ def main(args):
     mfu = metrics.mfu(tokens / step_time, fpt, peak)
     say(f"\ntraining step (forward, backward, sync, AdamW): median {step_time * 1e3:.1f} ms, "
         f"{tokens / step_time:,.0f} tokens/s over the job")
-    say(f"  MFU {mfu:.1%} = tokens/s x {fpt / 1e6:.2f} MFLOP/token (6N + 12LHQT) / {peak / 1e9:.1f} GFLOP/s, the job's "
-        f"peak ({'given' if args.peak_tflops else 'measured on all ranks at once'})")
+    say(f"  MFU {mfu:.1%} = tokens/s x {fpt / 1e6:.2f} MFLOP/token (6N + 12LHQT) / {peak / 1e9:.1f} GFLOP/s,\n"
+        f"  the job's peak ({'given' if args.peak_tflops else 'measured on all ranks at once'})")
 
     say("\nmemory per rank (every rank holds all of it: the baseline ZeRO will cut)")
     harness.table([[k, fmt_bytes(v)] for k, v in mem.items()], header=["category", "measured"])

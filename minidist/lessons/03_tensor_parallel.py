@@ -62,8 +62,10 @@ def layer_picture(model, cfg):
                      f"cols {r * 4 * C // t}:{(r + 1) * 4 * C // t}", f"rows {r * 4 * C // t}:{(r + 1) * 4 * C // t}",
                      f"ids {lo}:{min(hi, cfg.vocab_size)}" + (f" +{hi - max(lo, cfg.vocab_size)} pad"
                                                              if hi > cfg.vocab_size else "")])
-    harness.table(rows, header=["tp rank", "attention", "c_attn (col)", "attn.c_proj (row)",
-                                "mlp.c_fc (col)", "mlp.c_proj (row)", "wte / head"])
+    harness.table([r[:4] for r in rows], header=["tp rank", "attention", "c_attn (col)", "attn.c_proj (row)"])
+    say("")
+    harness.table([r[:1] + r[4:] for r in rows], header=["tp rank", "mlp.c_fc (col)", "mlp.c_proj (row)",
+                                                         "wte / head"])
     say("  replicated on every rank: ln_1, ln_2, ln_f, wpe, and the c_proj biases (added once, after the sum)")
 
 
@@ -85,11 +87,15 @@ def collectives_table(model, cfg, b, sp, clip):
                      f"{sum(p.size for n, p in model.named_parameters() if n not in model.specs):,}"])
     if clip:
         rows.append(["gradient clipping", "one all-reduce per step of the shards' squared norm", "1 (float64)"])
-    harness.table(rows, header=["where", "what", "elements per call"])
+    say(f"  {'where':<22}  what, and the elements per call")    # stacked: too wide for one row each
+    say(f"  {'-' * 22}  {'-' * 50}")
+    for where, what, elements in rows:
+        for i, part in enumerate(what.split("; ") + [f"elements per call: {elements}"]):
+            say(f"  {where if i == 0 else '':<22}  {part}")
     per_layer = "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else \
         "2 all-reduces forward + 2 backward"
-    say(f"  per transformer layer: {per_layer}: 8 b*s*h (t-1)/t = "
-        f"{8 * b * T * C * (t - 1) // t:,} elements sent per rank (docs/reference.md#tensor-parallelism); {L} layers")
+    say(f"  per transformer layer: {per_layer}: 8 b*s*h (t-1)/t =\n"
+        f"  {8 * b * T * C * (t - 1) // t:,} elements sent per rank (docs/reference.md#tensor-parallelism); {L} layers")
 
 
 def gather_all(model, state):
@@ -176,8 +182,9 @@ def main(args):
     say("\nmemory per rank")
     harness.table([["weights", fmt_bytes(params), f"{fmt_bytes(weights_formula)} = 1/{tp} of {sharded:,} sharded "
                     f"+ {replicated:,} replicated values"],
-                   ["activations, whole step (peak saved)", fmt_bytes(common.mpi_reduce(comm, act_peak)),
-                    "the layers below, the embedding, the head and the loss"]],
+                   ["activations, whole step", fmt_bytes(common.mpi_reduce(comm, act_peak)),
+                    "the layers below, the embedding, the head and the loss"],
+                   ["  (peak saved)", "", ""]],
                   header=["", "measured", "formula"])
     act_ok, figures = activation_table(cfg, per_dp, grid.tp_comm, args.seed)
 

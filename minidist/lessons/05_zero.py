@@ -13,6 +13,7 @@ raw gradients of every step against the same slice of the reference's, and the w
 beside the paper's count for this dtype, and the bytes it sent beside (N-1)/N x 2 Psi
 (stages 0-2) or 3 Psi (stage 3). Stage 0 is lesson 02's bucketed data parallelism.
 """
+import textwrap
 import time
 
 import numpy as np
@@ -136,43 +137,50 @@ def main(args):
         rows_out[-1]["wall"] = time.perf_counter() - t0
     item = np.dtype(cfg.dtype).itemsize
     psi = rows_out[0]["psi"]
-    say(f"Psi = {psi:,} parameters x {item} B; memory per rank (the largest over ranks), measured | formula")
+    say(f"Psi = {psi:,} parameters x {item} B; memory per rank (the largest over ranks), measured,\n"
+        "and under it the formula")
     header = ["stage", "max_rel_diff", "params", "grads", "optimizer", "activations", "step"]
     table = []
-    for r in rows_out:
-        cell = lambda k: f"{fmt_bytes(r['mem'][k])} | {fmt_bytes(r['formula'][k])}"   # noqa: E731
-        table.append([r["name"], f"{r['rel']:.1e}", cell("params"), cell("grads"), cell("optimizer"),
+    for r in rows_out:      # two rows a stage (measured, formula): side by side they are too wide
+        table.append([r["name"], f"{r['rel']:.1e}", *(fmt_bytes(r["mem"][k]) for k in ("params", "grads", "optimizer")),
                       fmt_bytes(r["mem"]["activations_peak"]), f"{r['time'] * 1e3:.0f} ms"])
+        table.append(["  formula", "", *(fmt_bytes(r["formula"][k]) for k in ("params", "grads", "optimizer")), "", ""])
     harness.table(table, header=header)
-    say("  formula: params Psi (stage 3: Psi/N), grads Psi (stage 1: the local Psi + my reduced Psi/N; 2, 3: Psi/N),"
-        "\n  optimizer 2 Psi values of AdamW's m and v (stages 1-3: Psi/N); x bytes per value")
-    say("\ngradient memory at its peak during a step on rank 0, measured from the arrays: the peak and what made it")
+    say("  formula: params Psi (stage 3: Psi/N), grads Psi (stage 1: the local Psi + my reduced Psi/N;\n"
+        "  2, 3: Psi/N), optimizer 2 Psi values of AdamW's m and v (stages 1-3: Psi/N); x bytes per value")
+    say("\ngradient memory at its peak during a step on rank 0, measured from the arrays:\n"
+        "the peak and what made it")
     harness.table([[r["name"], fmt_bytes(sum(r["grad_split"].values())), fmt_bytes(r["grad_split"]["full"]),
-                     fmt_bytes(r["grad_split"]["partitions"]), fmt_bytes(r["grad_split"]["in_flight"]),
-                     f"{fmt_bytes(r['grad_peak_formula'][0])}  {r['grad_peak_formula'][1]}"] for r in rows_out],
-                  header=["stage", "peak", "full-size .grad", "my partitions", "buckets in flight", "formula"])
+                     fmt_bytes(r["grad_split"]["partitions"]), fmt_bytes(r["grad_split"]["in_flight"])]
+                   for r in rows_out],
+                  header=["stage", "peak", "full-size .grad", "my partitions", "buckets in flight"])
+    say(f"\n  {'stage':<9}  {'formula':>10}\n  {'-' * 9}  {'-' * 10}  {'-' * 40}")
+    for r in rows_out:
+        say(textwrap.fill(f"  {r['name']:<9}  {fmt_bytes(r['grad_peak_formula'][0]):>10}  {r['grad_peak_formula'][1]}",
+                          harness.WIDTH, subsequent_indent=" " * 25, break_long_words=False))
     over = [r for r in rows_out if r["name"] == "2 overlap"]
     naive = [r for r in rows_out if r["name"] == "2 naive"]
     if over and naive:
         say(f"  stage 2 overlapped peaks at {over[0]['grad_peak'] / naive[0]['grad_peak']:.0%} of the naive version "
-            "(largest over ranks): a bucket's full-size\n  gradient goes once its reduce-scatter is done, two at most "
-            "fly at once; wte's gradient, tied to the head, fills all through backward\n  (the bound's filling "
+            "(largest over ranks):\n  a bucket's full-size gradient goes once its reduce-scatter is done, two at most "
+            "fly at once;\n  wte's gradient, tied to the head, fills all through backward\n  (the bound's filling "
             "term: the full-size .grad of buckets still filling at the peak)")
     k = args.grad_accum
     labels = {0: "2 Psi", 1: "2 Psi", 2: f"{k} Psi + Psi" if k > 1 else "2 Psi", 3: f"{k} x (3 Psi - root)" if k > 1 else "3 Psi - root"}
-    say("\ncommunication per step per rank, bytes sent: measured | ring's exact count | paper's (N-1)/N x what is sent")
+    say("\ncommunication per step per rank, bytes sent:\n  measured | ring's exact count | paper's (N-1)/N x what is sent,"
+        " and by collective")
     for r in rows_out:
         got, exact = sum(r["sent"].values()), sum(r["exact"].values())
-        say(f"  stage {r['name']:<9} {got:>10,} | {exact:>10,} | {r['paper']:>12,.0f} ({labels[r['stage']]})  "
-            + ", ".join(f"{c} {v:,}" for c, v in r["sent"].items())
-            + ("" if got == exact else "  DIFFERS"))
+        say(f"  stage {r['name']:<9} {got:>10,} | {exact:>10,} | {r['paper']:>12,.0f} ({labels[r['stage']]})"
+            + ("" if got == exact else "  DIFFERS") + f"\n  {'':<16}"
+            + ", ".join(f"{c} {v:,}" for c, v in r["sent"].items()))
     say("  stages 0, 1: the gradient is reduced once per step (2 Psi); stages 1-3 all-gather Psi of weights"
-        + (f";\n  with {k} micro-batches stage 2 reduce-scatters each one ({k} Psi: it keeps no full gradient to add into),"
-           f" stage 3 gathers and reduces per micro-batch" if k > 1 else ""))
+        + (f";\n  with {k} micro-batches stage 2 reduce-scatters each one ({k} Psi: it keeps no full gradient to add\n"
+           f"  into), stage 3 gathers and reduces per micro-batch" if k > 1 else ""))
     if 3 in stages:
         root = rows_out[-1]["root"]
-        say(f"  stage 3: gather for forward, again for backward, reduce-scatter: 3 Psi, less the root unit ({root:,} "
-            "parameters:\n  embeddings, ln_f), which stays gathered from forward to backward because the head tied "
+        say(f"  stage 3: gather for forward, again for backward, reduce-scatter: 3 Psi, less the root unit\n  ({root:,} "
+            "parameters: embeddings, ln_f), which stays gathered from forward to backward because the\n  head tied "
             "to wte is backward's first op")
     rel = max(r["rel"] for r in rows_out)
     match = bool(rel <= tol and all(sum(r["sent"].values()) == sum(r["exact"].values()) for r in rows_out))

@@ -13,6 +13,8 @@ of units (gather, compute, free, prefetch, reduce-scatter), the peak of paramete
 per rank measured from the arrays beside "my shards + the root + one block (two while
 a prefetch flies)", and the bytes sent beside (N-1)/N x (3 Psi - root).
 """
+import textwrap
+
 import numpy as np
 from mpi4py import MPI
 
@@ -106,12 +108,13 @@ def main(args):
     rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
     tol = harness.TOLERANCE[cfg.dtype]
 
-    say(f"units   {len(units.groups)}: " + ", ".join(f"{n} {g.n:,}" for n, g in zip(units.names, units.groups))
-        + " parameters; each rank keeps 1/N of each (numpy.array_split of the unit's flat buffer)")
+    say(textwrap.fill(f"units   {len(units.groups)}: " + ", ".join(f"{n} {g.n:,}" for n, g in zip(units.names, units.groups))
+                      + " parameters;", harness.WIDTH, subsequent_indent=" " * 8, break_long_words=False)
+        + "\n        each rank keeps 1/N of each (numpy.array_split of the unit's flat buffer)")
     common.report_comparison(comm, "FSDP", ref_losses, state["loss"], state, ref, tol,
                              loss_label=f"loss FSDP {world} ranks",
-                             notes=["each rank's shard \"NAME[a:b]\" against elements a:b of the reference's NAME "
-                                    "(nothing gathered back)"])
+                             notes=["each rank's shard \"NAME[a:b]\" against elements a:b of the reference's NAME\n"
+                                    "    (nothing gathered back)"])
     say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
 
     say("\nthe last micro-batch on rank 0, unit by unit (forward goes down the blocks, backward comes back up)")
@@ -155,9 +158,11 @@ def main(args):
     if args.reshard:
         say("  3 Psi: gather for forward, gather again for backward, reduce-scatter the gradients. Less the root:\n"
             "  the root unit stays gathered from forward to backward, because the head tied to wte is backward's\n"
-            "  first op, so freeing it would only mean gathering it again at once (PyTorch's FSDP keeps its root too).")
+            "  first op, so freeing it would only mean gathering it again at once (PyTorch's FSDP keeps its\n"
+            "  root too).")
     else:
-        say("  2 Psi: without resharding each unit is gathered once and kept until its backward (more memory, less traffic).")
+        say("  2 Psi: without resharding each unit is gathered once and kept until its backward\n"
+            "  (more memory, less traffic).")
 
     step_time = common.mpi_reduce(comm, float(np.median(times)))
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (the slowest rank)")

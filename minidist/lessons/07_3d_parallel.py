@@ -84,10 +84,10 @@ def role_table(grid, cfg, v, slot):
         shards = f"heads {t * nh}-{(t + 1) * nh - 1}, MLP cols {t * hid}-{(t + 1) * hid - 1}"
         if ends:
             shards += f", vocab {lo}-{hi - 1}"
-        if slot.zero is not None:
-            shards += f"; ZeRO-1 {parts[r, 0]}:{parts[r, 1]} of {parts[r, 2]}"
-        rows.append([r, d, p, t, layers + (" + " + ", ".join(ends) if ends else ""), shards])
-    harness.table(rows, header=["rank", "dp", "pp", "tp", "layers", "shards"])
+        rows.append([r, d, p, t, layers + (" + " + ", ".join(ends) if ends else ""), shards]
+                    + ([f"{parts[r, 0]}:{parts[r, 1]} of {parts[r, 2]}"] if slot.zero is not None else []))
+    harness.table(rows, header=["rank", "dp", "pp", "tp", "layers", "shards"]
+                  + (["ZeRO-1 partition"] if slot.zero is not None else []))
 
 
 def main(args):
@@ -98,7 +98,7 @@ def main(args):
     data = common.load_dataset(args, comm)
     grid = ProcessGrid(tp=tp, pp=pp, dp=dp, comm=comm)
     per_dp = args.batch_size // dp
-    say(f"Lesson 07: 3D parallelism, tp={tp} x pp={pp} x dp={dp} on {world} ranks, schedule {args.schedule}"
+    say(f"Lesson 07: 3D parallelism, tp={tp} x pp={pp} x dp={dp} on {world} ranks,\nschedule {args.schedule}"
         f" with m={m} micro-batches" + (", ZeRO-1 over dp" if args.zero else ", plain averaging over dp") + "\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
         f"dropout={cfg.dropout} {cfg.dtype}")
@@ -114,8 +114,9 @@ def main(args):
     zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
     slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
     say("who holds what (tp varies fastest: a TP group is neighbouring ranks, one node's GPUs)")
-    say("  the order is tp, then pp, then dp (ProcessGrid), so each replica is one block of neighbouring ranks;\n"
-        "  Megatron-LM's default differs (tp, then dp, pipeline outermost) to keep DP groups near each other")
+    say("  the order is tp, then pp, then dp (ProcessGrid), so each replica is one block of neighbouring\n"
+        "  ranks; Megatron-LM's default differs (tp, then dp, pipeline outermost) to keep DP groups\n"
+        "  near each other")
     role_table(grid, cfg, v, slot)
 
     rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
@@ -163,11 +164,11 @@ def main(args):
     if tp > 1:
         say(f"  TP sends ({per_layer} L_r + ends) m all-reduces of b*s*h = {bsh:,} values"
             + (f" ({args.recompute} recomputation reruns each layer's 2 forward all-reduces)" if per_layer == 6 else "")
-            + ": the most, and every layer waits on them;")
+            + ":\n  the most, and every layer waits on them;")
     others = (["PP sends b*s*h per micro-batch per boundary"] if pp > 1 else []) + (
         [f"DP sends 2(d-1)/d = {2 * (dp - 1) / dp:.3g}x this rank's gradient once per step"] if dp > 1 else [])
     if others:
-        say("  " + "; ".join(others))
+        say("  " + ";\n  ".join(others))
 
     # --- memory per rank by category (measured from the arrays after the last step)
     mem_rows = [sum(p.data.nbytes for p in stage.parameters()),
@@ -187,16 +188,16 @@ def main(args):
         mark = "=" if got == want else "~" if abs(got - want) < slack[i] else "!= " + fmt_bytes(want)
         return f"{fmt_bytes(int(got))} {mark}"
     say("\nmemory per rank (bytes held after the step) beside the formula (zero.paper_memory of Psi_r, the\n"
-        "rank's parameters: its stage's layers' TP shards plus the replicated ones, from the shapes, "
+        "rank's parameters: its stage's layers' TP shards plus the replicated ones, from the shapes,\n"
         f"{item} bytes each):\nparams Psi_r, grads Psi_r" + (" + Psi_r/dp (ZeRO-1 keeps the local gradient and its partition)"
                                                      if zero else "") +
-        ", AdamW's m and v 2 Psi_r" + ("/dp" if zero else "") + "; activations: the peak saved for backward")
+        (",\n" if zero else ", ") + "AdamW's m and v 2 Psi_r" + ("/dp" if zero else "") + "; activations: the peak saved for backward")
     harness.table([[r, f"{int(mem[r, 7]):,}"] + [beside(mem[r, i], mem[r, 4 + i], i) for i in range(3)]
                    + [fmt_bytes(int(mem[r, 3]))] for r in range(world)],
                   header=["rank", "Psi_r", "params", "grads", "optimizer", "activations peak"])
     memory_ok = bool(np.all((mem[:, :3] == mem[:, 4:7]) | (np.abs(mem[:, :3] - mem[:, 4:7]) < slack)))
-    say("  '=' equal to the formula; '~' under ZeRO-1, within the one element array_split's partitions differ "
-        "from Psi_r/dp" if zero else "  '=' equal to the formula")
+    say("  '=' equal to the formula; '~' under ZeRO-1, within the one element array_split's partitions\n"
+        "  differ from Psi_r/dp" if zero else "  '=' equal to the formula")
 
     # --- the bubble of the schedule across the pp stages
     sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
@@ -222,8 +223,9 @@ def main(args):
         memory=dict(zip(("params", "grads", "optimizer", "activations_peak", "params_formula", "grads_formula",
                          "optimizer_formula"), (int(x) for x in mem[:, :7].max(axis=0)))),
         step_time_s=step_time, figures=figures)
-    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on some rank;"
-        "\nthe bytes of every group equal to the formula; params, grads and optimizer state equal to the formula")
+    say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on\n"
+        "some rank; the bytes of every group equal to the formula; params, grads and optimizer state equal\n"
+        "to the formula")
     return harness.finish(report, args)
 
 

@@ -144,7 +144,7 @@ def main(args):
                                                   f" inside the pipeline, tp={tp} x pp={pp} (lesson 07's stages, 1F1B "
                                                   f"with m={args.micro_batches})" if pp > 1 else ", one process"))
     say(f"model   n_layer={L} n_head={a} n_embd={h} block_size={s} vocab={cfg.vocab_size} dropout={cfg.dropout} "
-        f"{cfg.dtype}; batch {b} sequences; {args.steps} AdamW steps, clipping at {args.grad_clip}")
+        f"{cfg.dtype};\n        batch {b} sequences; {args.steps} AdamW steps, clipping at {args.grad_clip}")
     say(f"policies {', '.join(policies)} (every-k: a checkpoint per k={k if pp == 1 else args.k or 'round(sqrt(L_r))'}"
         f" blocks" + ((", round(sqrt(L))" if pp == 1 else " of each stage's L_r") if not args.k else "") + ")\n")
     tc = TrainConfig(batch_size=b, max_iters=args.steps, learning_rate=args.lr, min_lr=args.lr / 10,
@@ -177,7 +177,7 @@ def main(args):
 
     item = np.dtype(cfg.dtype).itemsize
     L0, b0 = ref["L_r"], ref["b_r"]                    # rank 0's: with --pp, the first stage's blocks, a micro-batch
-    say(f"activation memory per rank: the meter's peak over the {L0} blocks' forward and backward (b={b0} s={s} h={h} "
+    say(f"activation memory per rank: the meter's peak over the {L0} blocks' forward and backward\n(b={b0} s={s} h={h} "
         f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")" + (" on rank 0, the first stage; every rank below" if pp > 1 else ""))
     rows = []
     paper_name = {"none": "none", "selective": "selective", "full": "full"}
@@ -186,15 +186,18 @@ def main(args):
         rows.append([policy, fmt_bytes(r["body"]), fmt_bytes(r["count"]), "equal" if r["equal"] else "DIFFERENT",
                      f"{r['body'] / ref['body']:.2f}", fmt_bytes(paper) if paper else "-", fmt_bytes(r["step_peak"]),
                      f"{r['time'] * 1e3:.1f}", f"{r['time'] / ref['time']:.2f}x", f"{r['rel']:.1e}"])
-    harness.table(rows, header=["policy", "blocks: measured", "engine's count", "", "/ none", f"paper (16-bit) x {L0}",
-                                "whole step peak", "step ms", "time / none", "max_rel_diff"])
+    # two tables, memory then time and agreement: side by side they are too wide to read
+    harness.table([r[:7] for r in rows], header=["policy", "blocks: measured", "engine's count", "", "/ none",
+                                                 f"paper (16-bit) x {L0}", "whole step peak"])
+    say("")
+    harness.table([r[:1] + r[7:] for r in rows], header=["policy", "step ms", "time / none", "max_rel_diff"])
     x = b0 * s * h * item
     A = count(cfg, "none", b0, tp, k, n_layer=1)
     say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
-    say("  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of "
-        "(j+1) x + k A;\n  selective: q, k, v kept in place of the b*a*s*s probabilities and mask; the paper's "
-        "34sbh + 5as^2b, 34sbh and 2sbh per layer\n  assume 16-bit values and 1-byte masks "
-        f"(docs/reference.md#activation-memory-per-layer)")
+    say("  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of\n"
+        "  (j+1) x + k A; selective: q, k, v kept in place of the b*a*s*s probabilities and mask;\n  the paper's "
+        "34sbh + 5as^2b, 34sbh and 2sbh per layer assume 16-bit values and 1-byte masks\n"
+        "  (docs/reference.md#activation-memory-per-layer)")
     say("  time: full and every-k run each block's forward twice (about one forward more: ~4/3 of a step);\n"
         "  selective reruns only the attention core")
     if pp > 1:
@@ -212,7 +215,7 @@ def main(args):
                        for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
 
     # --- the sweep: L blocks without recomputation and with a checkpoint every sqrt(L)
-    say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints (b={b}"
+    say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints\n(b={b}"
         + (f", t={tp}" if tp > 1 else "") + ((", no pipeline: all L blocks on " + ("one tp group" if tp > 1 else "one rank")) if pp > 1 else "") + ")")
     sweep_rows, figures = [], {}
     for n in args.sweep:
@@ -226,7 +229,8 @@ def main(args):
                            fmt_bytes(every / math.sqrt(n)), "equal" if same else "DIFFERENT"])
         figures.update({f"sweep_L{n}_none_bytes": none, f"sweep_L{n}_every_sqrt_L_bytes": every})
     harness.table(sweep_rows, header=["L", "k", "none", "none / L", "every-k", "every-k / sqrt(L)", "vs count"])
-    say("  none / L stays constant (memory grows as L); every-k / sqrt(L) stays about constant (grows as sqrt(L))")
+    say("  none / L stays constant (memory grows as L); every-k / sqrt(L) stays about constant\n"
+        "  (grows as sqrt(L))")
 
     # --- which k keeps the least: every-k's (L/k) x + k A is least at k = sqrt(L x / A), not sqrt(L)
     scan = []
@@ -241,10 +245,10 @@ def main(args):
     cells = [f"k={kk} {fmt_bytes(v)}" for kk, v in enumerate(scan, 1)]
     for i in range(0, L, 6):
         say("  " + ", ".join(cells[i:i + 6]))
-    say(f"  least at k = {best} measured; (L/k) x + k A is least at k = sqrt(L x / A) = sqrt({L} x {fmt_bytes(xb)} / "
-        f"{fmt_bytes(Ab)}) = {math.sqrt(L * xb / Ab):.2f},\n  not Chen's sqrt(L) = {math.sqrt(L):.2f}, which "
-        "assumes a checkpoint costs about a block's saves (x ~ A)."
-        + (" Here x << A: full (k = 1)\n  keeps the least, and every-k, at full's compute (every block rerun once), "
+    say(f"  least at k = {best} measured; (L/k) x + k A is least at k = sqrt(L x / A)\n"
+        f"  = sqrt({L} x {fmt_bytes(xb)} / {fmt_bytes(Ab)}) = {math.sqrt(L * xb / Ab):.2f}, not Chen's sqrt(L) = "
+        f"{math.sqrt(L):.2f}, which assumes\n  a checkpoint costs about a block's saves (x ~ A)."
+        + (" Here x << A: full (k = 1) keeps the least,\n  and every-k, at full's compute (every block rerun once), "
            "lies between full and none in memory" if xb * L < 2.25 * Ab else ""))
     figures.update({f"every_k_L{L}_k{kk}_bytes": v for kk, v in enumerate(scan, 1)})
     figures["every_k_best_k_measured"] = best

@@ -181,7 +181,7 @@ def report_comparison(comm, against, ref_losses, losses, state, ref_state, tol, 
     partitions); show_where: None to leave out which tensor differs most, "" to name it,
     " on rank 0" to name rank 0's (where each rank compares its own pieces).
     """
-    from minidist.lessons.harness import say, table
+    from minidist.lessons.harness import WIDTH, say, table
     say(f"\nwhat was compared, one process against {against}:")
     for line in COMPARED + tuple(notes):
         say(f"  - {line}")
@@ -190,7 +190,11 @@ def report_comparison(comm, against, ref_losses, losses, state, ref_state, tol, 
     for kind, r, _, w in compare_by_kind(state, ref_state):
         r = mpi_reduce(comm, r)
         worst = f"  (largest in {where(w)}{show_where})" if show_where is not None and ":" in w else ""
-        say(f"  {kind:<13} max_rel_diff {r:.1e}{worst}" + ("" if r <= tol else "  OUTSIDE the tolerance"))
+        head, verdict = f"  {kind:<13} max_rel_diff {r:.1e}", "" if r <= tol else "  OUTSIDE the tolerance"
+        if len(head + worst + verdict) <= WIDTH:
+            say(head + worst + verdict)
+        else:                                       # the tensor's name on a line of its own
+            say(head + verdict + f"\n  {'':<13} {worst.strip()}")
 
 
 def gradient_factor(state, ref_state, step=0):

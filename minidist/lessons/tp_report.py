@@ -90,6 +90,27 @@ def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def shown(label, text, width=100, run=12):
+    """'  label       'text'' in lines of at most `width`: a run of more than `run` equal
+    characters (greedy decoding of a briefly trained model repeats one byte) is written once
+    with its count, and what is left is cut into pieces that continue under the first."""
+    import re
+    parts = []
+    for m in re.finditer(r"(.)\1{%d,}|(?:(.)(?!\2{%d}))+" % (run, run), text, re.S):
+        piece = m.group(0)
+        parts.append(f"{piece[0]!r} x {len(piece)}" if len(piece) > run and len(set(piece)) == 1 else repr(piece))
+    body = " + ".join(parts) if len(parts) != 1 else parts[0]
+    head, lines = f"  {label:<11} ", []
+    room = width - len(head)
+    while len(body) > room:
+        cut = body.rfind(" ", 0, room) + 1           # after a space (kept, at the line's end), else anywhere
+        cut = cut if cut > room // 2 else room
+        lines.append(body[:cut])
+        body = body[cut:]
+    lines.append(body)
+    return "\n".join((head if i == 0 else " " * len(head)) + line for i, line in enumerate(lines))
+
+
 def generation_report(model, ref, data, n, grid):
     """Greedy decoding of n tokens with the sharded model and with one process; returns
     (same tokens, figures). The prompt is the start of a validation sequence, short
@@ -139,22 +160,23 @@ def generation_report(model, ref, data, n, grid):
 
     say(f"\ngeneration: greedy, {n} tokens after a prompt of {p}, batch 1, with a KV cache")
     for label, ids in (("prompt", prompt[0]), ("1 process", ref_tokens[0, p:]), (f"tp={model.tp}", tokens[0, p:])):
-        say(f"  {label:<11} {decode(ids)!r}")
-    say(f"  same tokens: {'yes' if same else 'NO'}; logits of every step: max_rel_diff {rel:.1e}"
-        " (each rank's vocabulary columns, padding left out)")
+        say(shown(label, decode(ids)))
+    say(f"  same tokens: {'yes' if same else 'NO'}; logits of every step: max_rel_diff {rel:.1e}\n"
+        "  (each rank's vocabulary columns, padding left out)")
     if len(set(ref_tokens[0, p:].tolist())) <= 3:
-        say("  (a model trained for a few steps has mostly learned which bytes are common, so greedy"
-            " decoding repeats them; the logits of every step, compared above, are the stronger check)")
+        say("  (a model trained for a few steps has mostly learned which bytes are common, so greedy\n"
+            "  decoding repeats them; the logits of every step, compared above, are the stronger check)")
     if p + n - 1 > cfg.block_size:
         say(f"  past block_size {cfg.block_size}, positions shift: those steps run the cropped window whole")
     harness.table([["1 process (rank 0 alone)", f"{one_rate:,.0f}", fmt_bytes(cache_bytes), "-", "-"],
                    [f"tp={model.tp} group", f"{tp_rate:,.0f}", fmt_bytes(cache_bytes // model.tp),
                     f"{got_bytes:,}", f"{want_bytes:,}" + (" (equal)" if got_bytes == want_bytes else " (DIFFERENT)")]],
                   header=["", "tokens/s", "KV cache per rank", "bytes sent per rank", "by formula"])
-    say(f"  per token: {2 * cfg.n_layer + 1} all-reduces of b*h (embedding, attention and MLP of each layer) and "
-        f"2 of b (the greedy token);\n  each is a wait for every rank of the group. Here {comm.Get_size()} processes "
-        f"share {_cores()} cores and the model is tiny:\n  those waits cost far more than the 1/t of the matmuls "
-        "saves. On GPUs of one node, TP cuts the latency of a token\n  of a model too big for one GPU (DeepSpeed-Inference).")
+    say(f"  per token: {2 * cfg.n_layer + 1} all-reduces of b*h (embedding, attention and MLP of each layer)\n"
+        f"  and 2 of b (the greedy token); each is a wait for every rank of the group. Here {comm.Get_size()} "
+        f"processes\n  share {_cores()} cores and the model is tiny: those waits cost far more than the 1/t of the "
+        "matmuls saves.\n  On GPUs of one node, TP cuts the latency of a token of a model too big for one GPU\n"
+        "  (DeepSpeed-Inference).")
     del cache
     figures = {"generate_tokens": n, "generate_same_tokens": float(same), "generate_logits_max_rel_diff": rel,
                "generate_tokens_per_s_1_process": one_rate, "generate_tokens_per_s_tp": tp_rate,
