@@ -37,7 +37,7 @@ demo: $(SETUP)
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.01_collectives
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.02_data_parallel
 	$(MPIRUN) -n 8 $(PY) -m minidist.lessons.03_tensor_parallel
-	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.04_pipeline_parallel --schedule 1f1b --micro-batches 8
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.04_pipeline_parallel
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.05_zero --stage all
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.06_fsdp
 	$(MPIRUN) -n 8 $(PY) -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2
