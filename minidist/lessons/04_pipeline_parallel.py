@@ -205,12 +205,26 @@ def main(args):
     unit = "(micro-batch, chunk) pairs" if v > 1 else "micro-batches"
     say(f"\npeak live activations: {unit} whose forward ran and whose " + ("W" if args.schedule == "zb-h1" else "B")
         + " had not")
-    harness.table([[f"rank {r}", want_peaks[r], peaks[r], "equal" if peaks[r] == want_peaks[r] else "DIFFERENT"]
-                   for r in range(world)], header=["", "simulated", "measured in the run", ""])
+    formula = {"1f1b": lambda r: min(pp - r, m), "gpipe": lambda r: m,
+               "interleaved": lambda r: min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v)}.get(args.schedule)
+    harness.table([[f"rank {r}", want_peaks[r], peaks[r], formula(grid.coords(r)[1]) if formula else "-",
+                    "equal" if peaks[r] == want_peaks[r] else "DIFFERENT"] for r in range(world)],
+                  header=["", "simulated", "measured in the run", "formula", ""])
     expect = {"gpipe": f"GPipe keeps all m = {m}", "1f1b": f"1F1B keeps at most p - r (<= {pp})",
+              "interleaved": "interleaved keeps 2(p-r-1) + (v-1)p + 1 chunks (at most m v)",
               "zb-h1": f"ZB-H1 keeps at most p = {pp}", "naive": "one at a time"}.get(args.schedule, "")
     if expect:
-        say(f"  {expect}; saved-for-backward bytes at the peak: {fmt_bytes(common.mpi_reduce(comm, act_peak))} (largest rank)")
+        saved = f"saved-for-backward bytes at the peak: {fmt_bytes(common.mpi_reduce(comm, act_peak))} (largest rank)"
+        say(f"  {expect}; {saved}" if len(expect) + len(saved) < 96 else f"  {expect};\n  {saved}")
+    if args.schedule == "1f1b" and m >= pp:
+        say(f"  stage 0 holds p = {pp} micro-batches of L/p layers: L layers' worth, as much as one process\n"
+            "  with one micro-batch. Pipelining does not cut stage 0's peak activations (Korthikanti et al.\n"
+            "  2022, 4.2.3); sequence parallelism and recomputation do.")
+    elif args.schedule == "interleaved" and m >= pp:
+        c = want_peaks[0]
+        say(f"  stage 0 holds {c} chunks of L/(pv) layers: {c}/{pp * v} = {c / (pp * v):.4g} x L layers' worth "
+            f"= 1 + (p-1)/(pv);\n  interleaving raises stage 0's peak by (p-1)/(pv) over 1F1B's "
+            "(Korthikanti et al. 2022, 4.2.3).")
     peaks_ok = peaks == want_peaks
 
     # --- point-to-point bytes per step
