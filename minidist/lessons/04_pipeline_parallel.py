@@ -222,9 +222,11 @@ def main(args):
             "  2022, 4.2.3); sequence parallelism and recomputation do.")
     elif args.schedule == "interleaved" and m >= pp:
         c = want_peaks[0]
-        say(f"  stage 0 holds {c} chunks of L/(pv) layers: {c}/{pp * v} = {c / (pp * v):.4g} x L layers' worth "
-            f"= 1 + (p-1)/(pv);\n  interleaving raises stage 0's peak by (p-1)/(pv) over 1F1B's "
-            "(Korthikanti et al. 2022, 4.2.3).")
+        full = c == pp * v + pp - 1            # the warm-up not capped at m v
+        say(f"  stage 0 holds {c} chunks of L/(pv) layers: {c}/{pp * v} = {c / (pp * v):.4g} x L layers' worth"
+            + (" = 1 + (p-1)/(pv);" if full else f",\n  capped at m v = {m * v} (uncapped: 1 + (p-1)/(pv));")
+            + "\n  interleaving raises stage 0's peak by up to (p-1)/(pv) over 1F1B's\n"
+            "  (Korthikanti et al. 2022, 4.2.3).")
     peaks_ok = peaks == want_peaks
 
     # --- point-to-point bytes per step
