@@ -253,8 +253,8 @@ class Grader:
             result["v"] = (S_FAIL, load_error)
         elif not callable(fn):
             result["v"] = (S_FAIL, f"the file has no function named {ex.name}")
-        elif untouched(fn) is not None:
-            result["v"] = (S_TODO, untouched(fn))
+        elif (stub := untouched(fn)) is not None:
+            result["v"] = (S_TODO, stub)
         elif self.n < ex.min_ranks:
             result["v"] = (S_FAIL, f"needs at least {ex.min_ranks} ranks, graded on {self.n}: "
                            f"{ex.why_ranks} grade with mpirun -n {ex.min_ranks} and -n {ex.min_ranks + 1}")
