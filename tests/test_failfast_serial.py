@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIRUN = Path(sys.executable).parent / "mpirun"
 LIMIT = 20
 
-needs_mpirun = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
 
 
 def run_job(args, ranks, cwd, limit=60):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                MINIDIST_EXIT_TIMEOUT="3", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
-    proc = subprocess.run([str(MPIRUN), "-n", str(ranks), sys.executable] + args, cwd=cwd, env=env,
+    proc = subprocess.run([*mpirun_cmd(ranks), sys.executable] + args, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=limit)
     return proc, time.perf_counter() - start
 

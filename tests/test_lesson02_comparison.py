@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-MPIRUN = Path(sys.executable).with_name("mpirun")
-pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
+pytestmark = needs_mpirun
 
 LAUNCHER = textwrap.dedent("""
     import importlib, sys
@@ -34,7 +35,7 @@ LAUNCHER = textwrap.dedent("""
 def test_lesson_02_fails_on_an_average_over_n_minus_1(tmp_path, dtype):
     launcher = tmp_path / "planted.py"
     launcher.write_text(LAUNCHER)
-    proc = subprocess.run([str(MPIRUN), "-n", "3", sys.executable, str(launcher), "--naive", "--dtype", dtype,
+    proc = subprocess.run([*mpirun_cmd(3), sys.executable, str(launcher), "--naive", "--dtype", dtype,
                            "--timing-reps", "1", "--steps", "2"], capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]
@@ -46,7 +47,7 @@ def test_lesson_02_fails_on_an_average_over_n_minus_1(tmp_path, dtype):
 
 
 def test_lesson_02_says_what_it_compared_when_it_matches():
-    proc = subprocess.run([str(MPIRUN), "-n", "2", sys.executable, "-m", "minidist.lessons.02_data_parallel",
+    proc = subprocess.run([*mpirun_cmd(2), sys.executable, "-m", "minidist.lessons.02_data_parallel",
                            "--timing-reps", "1", "--steps", "2", "--grad-clip", "0"],
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIRUN = Path(sys.executable).with_name("mpirun")
-pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+pytestmark = needs_mpirun
 
 
 def lesson(n, *flags):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", "minidist.lessons.07_3d_parallel",
+    return subprocess.run([*mpirun_cmd(n), sys.executable, "-m", "minidist.lessons.07_3d_parallel",
                            *flags], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
 
 

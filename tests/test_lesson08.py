@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ["-m", "minidist.lessons.08_activation_recompute"]
 SMALL = ["--n-layer", "3", "--n-embd", "32", "--block-size", "16", "--batch-size", "4", "--steps", "2",
@@ -37,10 +39,7 @@ def test_bad_input_exits_2_with_one_message(bad):
     assert proc.stderr.count("error:") == 1, proc.stderr
 
 
-MPIRUN = Path(sys.executable).with_name("mpirun")
-
-
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_inside_the_pipeline_every_rank_peak_equals_its_count(tmp_path):
     """--pp 2 at 2 ranks (lesson 07's stages, 1F1B): every policy equal to none, each rank's
     peak over its own stage's blocks (3 and 2 of 5 layers) equal to the count for them."""
@@ -48,7 +47,7 @@ def test_inside_the_pipeline_every_rank_peak_equals_its_count(tmp_path):
     out = tmp_path / "o.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     small = [a if a != "3" else "5" for a in SMALL]            # 5 layers: uneven stages
-    proc = subprocess.run([str(MPIRUN), "-n", "2", sys.executable, *LESSON, *small, "--pp", "2",
+    proc = subprocess.run([*mpirun_cmd(2), sys.executable, *LESSON, *small, "--pp", "2",
                            "--micro-batches", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,12 +8,13 @@ import pytest
 
 from minidist.lessons.harness import REPORT_KEYS
 
-MPIRUN = Path(sys.executable).with_name("mpirun")
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 
 
 def run(cmd, tmp_path, n=None):
     out = tmp_path / "report.json"
-    prefix = [str(MPIRUN), "-n", str(n)] if n else []
+    prefix = [*mpirun_cmd(n)] if n else []
     proc = subprocess.run(prefix + [sys.executable, "-m", *cmd, "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -35,7 +36,7 @@ def test_lesson_00_trains_checks_gradients_and_samples(tmp_path):
     assert "sample (40 tokens" in out and "validation:" in out
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 @pytest.mark.parametrize("flags", [[], ["--naive", "--grad-accum", "2"]])
 def test_lesson_02_matches_on_three_ranks(tmp_path, flags):
     report, out = run(["minidist.lessons.02_data_parallel", "--timing-reps", "1", *flags], tmp_path, n=3)
@@ -46,9 +47,9 @@ def test_lesson_02_matches_on_three_ranks(tmp_path, flags):
     assert "replicas after training: identical" in out
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_02_refuses_a_batch_that_does_not_divide(tmp_path):
-    proc = subprocess.run([str(MPIRUN), "-n", "4", sys.executable, "-m", "minidist.lessons.02_data_parallel",
+    proc = subprocess.run([*mpirun_cmd(4), sys.executable, "-m", "minidist.lessons.02_data_parallel",
                            "--batch-size", "10"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("does not divide evenly") == 1, proc.stderr
@@ -56,7 +57,7 @@ def test_lesson_02_refuses_a_batch_that_does_not_divide(tmp_path):
 
 
 def mpirun_lesson(lesson, flags, n=3):
-    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
+    return subprocess.run([*mpirun_cmd(n), sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -68,12 +69,12 @@ def assert_refused_once(proc, message):
     assert "Lesson" not in proc.stdout, "the flags must be checked before the lesson starts"
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_00_under_mpirun_says_it_is_single_process(tmp_path):
     assert_refused_once(mpirun_lesson("00_single_process", []), "single-process lesson")
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 @pytest.mark.parametrize("flags, message", [
     (["--size-mib", "0"], "--size-mib: must be more than 0"),
     (["--size-mib", "-2"], "--size-mib: must be more than 0"),
@@ -86,7 +87,7 @@ def test_lesson_01_refuses_bad_flags_once_on_every_rank(tmp_path, flags, message
     assert_refused_once(mpirun_lesson("01_collectives", flags), message)
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 @pytest.mark.parametrize("flags, message", [
     (["--grad-clip", "-1"], "--grad-clip: must be 0 or more"),
     (["--peak-tflops", "-3"], "--peak-tflops: must be more than 0"),
@@ -98,20 +99,20 @@ def test_lesson_02_refuses_bad_flags_once_on_every_rank(flags, message):
     assert_refused_once(mpirun_lesson("02_data_parallel", flags), message)
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_04_refuses_a_latency_too_long_to_draw_once_on_every_rank():
     proc = mpirun_lesson("04_pipeline_parallel", ["--latency", "11"], n=2)
     assert_refused_once(proc, "--latency: must be at most 10")
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_04_refuses_a_trace_into_a_missing_folder_before_it_runs():
     """Every output path is checked up front, as --json is: not after the whole run."""
     proc = mpirun_lesson("04_pipeline_parallel", ["--trace", "/no/such/dir/t.json"], n=2)
     assert_refused_once(proc, "--trace /no/such/dir/t.json: the folder /no/such/dir does not exist")
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_04_latency_shows_what_the_warmup_factor_buys(tmp_path):
     """Interleaved at p = 2, m = 4, v = 2 with messages of a quarter of a chunk's forward: the
     picture and the bubble with the latency, the schedule without the factor 2 beside today's
@@ -124,3 +125,21 @@ def test_lesson_04_latency_shows_what_the_warmup_factor_buys(tmp_path):
     assert fig["bubble_simulated"] < fig["bubble_simulated_latency"] < fig["bubble_simulated_latency_warmup_factor_1"]
     assert "the same schedule without the factor 2" in out and "2(pv-1) x 0.25" in out
     assert max(len(line) for line in out.splitlines()) <= 100, max(out.splitlines(), key=len)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("lesson, n, flags, message", [
+    ("03_tensor_parallel", 3, [], "--n-head 8 is not divisible by the tensor-parallel size 3"),
+    ("03_tensor_parallel", 3, ["--n-head", "6"], "n_embd (64) must be a multiple of n_head (6)"),
+    ("07_3d_parallel", 3, ["--tp", "3"], "--tp 3 must divide the 4 heads"),
+    ("08_activation_recompute", 3, ["--tp", "3"], "--n-head 4 is not divisible by the tensor-parallel size 3"),
+])
+def test_a_world_size_that_does_not_fit_gets_one_command_that_works(lesson, n, flags, message):
+    """The hint fixes the whole problem at once: the command it prints runs and matches."""
+    small = ["--steps", "1"]
+    proc = mpirun_lesson(lesson, flags + small, n=n)
+    assert_refused_once(proc, message)
+    hint = proc.stderr.split("this works: ")[1].split()
+    assert hint[:2] == ["mpirun", "-n"] and hint[3:6] == ["python", "-m", f"minidist.lessons.{lesson}"], hint
+    fixed = mpirun_lesson(lesson, hint[6:], n=int(hint[2]))
+    assert fixed.returncode == 0 and "verdict: MATCH" in fixed.stdout, fixed.stdout[-1500:] + fixed.stderr[-1500:]

@@ -10,13 +10,14 @@ import pytest
 
 from minidist.lessons.harness import REPORT_KEYS
 
-MPIRUN = Path(sys.executable).with_name("mpirun")
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+pytestmark = needs_mpirun
 
 
 def mpirun(n, lesson, flags, timeout=120):
-    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
+    return subprocess.run([*mpirun_cmd(n), sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
                           capture_output=True, text=True, timeout=timeout, env=ENV)
 
 

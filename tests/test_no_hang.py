@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIRUN = Path(sys.executable).parent / "mpirun"
 LIMIT = 20           # seconds: the issue's bound for one rank's exit to end the job
 HARD = 90            # the subprocess is killed after this, so a regression fails, never hangs
 
-pytestmark = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+pytestmark = needs_mpirun
 
 HEAD = """
 import sys
@@ -44,7 +45,7 @@ def run(tmp_path, body, ranks=4, exit_timeout="2", timeout="30", args=None, **mo
     env.update({k: str(v) for k, v in more_env.items()})
     start = time.perf_counter()
     try:
-        proc = subprocess.run([str(MPIRUN), "-n", str(ranks), sys.executable] + (args or [str(script)]),
+        proc = subprocess.run([*mpirun_cmd(ranks), sys.executable] + (args or [str(script)]),
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HARD)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the job hung for {HARD} s:\n{e.stdout}\n{e.stderr}")

@@ -3,17 +3,16 @@ command's flags but a small shape and the fewest ranks that still print every se
 the harness's wrapping net turned off (MINIDIST_NO_WRAP=1), so the lines checked are the ones
 the lessons themselves build: tables stacked or split, prose broken by hand."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from launcher import mpirun_cmd  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 100
-MPIRUN = os.environ.get("MPIRUN") or str(Path(sys.executable).with_name("mpirun"))
-HAVE_MPIRUN = Path(MPIRUN).exists() or shutil.which(MPIRUN) is not None
 SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--block-size", "16", "--batch-size", "8",
          "--steps", "2"]
 
@@ -35,10 +34,8 @@ DEMO = [
 
 @pytest.mark.parametrize("lesson, n, flags", DEMO, ids=[d[0] for d in DEMO])
 def test_demo_lines_fit_100_columns(lesson, n, flags):
-    if n and not HAVE_MPIRUN:
-        pytest.skip(f"no MPI launcher {MPIRUN} (set MPIRUN to name one)")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MINIDIST_NO_WRAP="1")
-    prefix = [MPIRUN, "-n", str(n)] if n else []
+    prefix = mpirun_cmd(n) if n else []
     proc = subprocess.run(prefix + [sys.executable, "-m", f"minidist.lessons.{lesson}", *flags],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -24,6 +24,8 @@ from minidist.parallel.tp_model import (Shard, TensorParallelGPT, TPError, check
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 
+from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+
 
 class FakeComm:
     """Enough of a communicator to build (not run) rank `rank` of a t-way model."""
@@ -206,16 +208,15 @@ def test_one_rank_model_equals_the_gpt(sp):
 
 # ----------------------------------------------------------------------------- lesson 03 from outside
 
-MPIRUN = Path(sys.executable).with_name("mpirun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def lesson03(n, *flags):
-    return subprocess.run([str(MPIRUN), "-n", str(n), sys.executable, "-m", "minidist.lessons.03_tensor_parallel",
+    return subprocess.run([*mpirun_cmd(n), sys.executable, "-m", "minidist.lessons.03_tensor_parallel",
                            *flags], capture_output=True, text=True, timeout=120, env=ENV)
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 @pytest.mark.parametrize("flags", [["--tp", "2"], ["--sequence-parallel", "--dropout", "0.1"]], ids=" ".join)
 def test_lesson_03_matches_and_reports(flags, tmp_path):
     out = tmp_path / "out.json"
@@ -226,7 +227,7 @@ def test_lesson_03_matches_and_reports(flags, tmp_path):
     assert rep["comm"]["bytes_sent"] == rep["comm"]["expected_bytes"] and rep["comm"]["bytes_sent"]
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_03_refuses_heads_that_do_not_divide():
     proc = lesson03(3)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -258,7 +259,7 @@ def test_engine_count_splits_as_the_paper_does():
         2 * sbh + 16 * sbh // t + 2 * sb // t + 2 * as2b // t
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 def test_lesson_03_generates_the_same_tokens(tmp_path):
     out = tmp_path / "out.json"
     proc = lesson03(2, "--n-layer", "1", "--block-size", "8", "--batch-size", "2", "--steps", "1",
@@ -272,7 +273,7 @@ def test_lesson_03_generates_the_same_tokens(tmp_path):
     assert fig["activation_bytes_layer_tp2_SP_measured"] == fig["activation_bytes_layer_tp2_SP_engine_count"]
 
 
-@pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun beside this Python")
+@needs_mpirun
 @pytest.mark.parametrize("n,flags,message", [
     (4, ["--tp", "3"], "--tp 3 must divide the 4 ranks"),
     (2, ["--tp", "4"], "--tp 4 must divide the 2 ranks"),

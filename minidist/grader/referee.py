@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
 PASS, TODO, FAIL = "PASS", "TODO", "FAIL"
 # how bad a rank's outcome is; the worst over the ranks decides (STOPPED never does: a rank
@@ -39,7 +40,11 @@ def said(exc):
     line is the one a student can act on ("Invalid rank has value 3 but must be ... less than 3")."""
     text = str(exc).strip()
     if type(exc).__module__.startswith("mpi4py") and text:
-        return "MPI error: " + re.sub(r"^\w+\(\d+\)\.?: ", "", text.splitlines()[-1])
+        said_by_mpi = re.sub(r"^\w+\(\d+\)\.?: ", "", text.splitlines()[-1])
+        cls = exc.Get_error_class() if hasattr(exc, "Get_error_class") else None
+        words = {MPI.ERR_RANK: "a rank outside the communicator", MPI.ERR_TRUNCATE: "a message longer than the "
+                 "receive buffer", MPI.ERR_COUNT: "a bad element count", MPI.ERR_TAG: "a bad tag"}.get(cls)
+        return f"MPI error: {words} ({said_by_mpi})" if words else f"MPI error: {said_by_mpi}"
     return f"{type(exc).__name__}: {text}"
 
 

@@ -46,8 +46,9 @@ def check_input(args, cfg, world):
                  ("" if args.dp is None else f" ranks, but the world has {world}") +
                  f": choose sizes whose product is {world}")
     dp = args.dp or world // (tp * pp)
-    harness.need(cfg.n_head % tp == 0, f"--tp {tp} must divide the {cfg.n_head} heads (--n-head): "
-                                       f"each tensor-parallel rank takes whole heads")
+    harness.need(cfg.n_head % tp == 0, f"--tp {tp} must divide the {cfg.n_head} heads (--n-head): each "
+                                       f"tensor-parallel rank takes whole heads; this works: "
+                                       f"{harness.command_with(world, harness.heads_fix(cfg.n_head, cfg.n_embd, tp))}")
     harness.need(args.chunks is None or args.schedule == "interleaved",
                  f"--chunks {args.chunks} applies to --schedule interleaved only (--schedule {args.schedule} "
                  f"gives each rank one chunk)")
@@ -61,7 +62,8 @@ def check_input(args, cfg, world):
         harness.need(m % pp == 0 and cfg.n_layer % (pp * v) == 0,
                      f"interleaved 1F1B needs --micro-batches a multiple of {pp} and --n-layer a multiple of {pp * v}")
     harness.need(args.batch_size % (dp * m) == 0,
-                 f"--batch-size {args.batch_size} must split into {dp} replica(s) x {m} micro-batches of equal size")
+                 f"--batch-size {args.batch_size} must split into {dp} replica(s) x {m} micro-batches of equal size; "
+                 f"this works: {harness.command_with(world, {'--batch-size': -(-args.batch_size // (dp * m)) * dp * m})}")
     return tp, pp, dp, v, m
 
 

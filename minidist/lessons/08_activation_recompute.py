@@ -26,6 +26,7 @@ stage's checkpoints from the gradient the next stage sends, and every rank's pea
 its blocks (one micro-batch) is printed beside the count for its L_r blocks.
 """
 import math
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -53,7 +54,8 @@ def check_input(args, cfg, world):
     tp = args.tp or world // pp
     harness.need(tp * pp == world, f"--tp {tp} x --pp {pp} must be the world size ({world} ranks): this lesson "
                                    f"shows recomputation inside tensor and pipeline parallelism only (data "
-                                   f"parallelism is lesson 02)")
+                                   f"parallelism is lesson 02); this works: "
+                                   f"{harness.command_with(tp * pp, harness.heads_fix(cfg.n_head, cfg.n_embd, tp))}")
     harness.need(pp <= cfg.n_layer, f"{pp} pipeline stages but only {cfg.n_layer} layers: every stage needs a layer")
     fewest = cfg.n_layer // pp                      # the smallest stage's blocks (all of them without --pp)
     harness.need(args.k is None or args.k <= fewest,
@@ -62,7 +64,8 @@ def check_input(args, cfg, world):
     harness.need(pp == 1 or args.batch_size % args.micro_batches == 0,
                  f"--batch-size {args.batch_size} must split into --micro-batches {args.micro_batches} of equal size")
     harness.need(cfg.n_head % tp == 0, f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: "
-                                       f"each rank takes whole heads")
+                                       f"each rank takes whole heads; this works: "
+                                       f"{harness.command_with(world, harness.heads_fix(cfg.n_head, cfg.n_embd, tp))}")
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
     harness.need(all(L >= 1 for L in args.sweep), f"--sweep takes layer counts of at least 1, got {args.sweep}")
     return tp, pp
@@ -89,6 +92,27 @@ def blocks_peak(model, b, seed):
     y = recompute.run_blocks(model.recompute, blocks, leaf.reshape(leaf.shape), rng, *extra)
     y.backward(g.standard_normal(y.shape).astype(cfg.dtype))
     return MEMORY.peak_bytes - base
+
+
+def blocks_times(runs, b, seed, reps, comm):
+    """Each policy's blocks, forward and backward, timed in turn, repeat after repeat (the
+    part recomputation changes): a machine whose load drifts slows every policy alike, so
+    the medians' ratios mean what they seem. Returns {policy: median seconds}."""
+    times = {p: [] for p in runs}
+    for turn in range(reps + 1):                   # turn 0 warms the caches up, untimed
+        for policy, r in runs.items():
+            comm.Barrier()
+            t0 = time.perf_counter()
+            blocks_peak(r["model"], b, seed)
+            if turn:
+                times[policy].append(common.mpi_reduce(comm, time.perf_counter() - t0, "max"))
+    for r in runs.values():
+        r["model"].zero_grad()
+    return {p: float(np.median(t)) for p, t in times.items()}
+
+
+# a block's forward again, over its forward and backward (backward = 2 forward): 1 + 1/3
+EXPECTED_TIME = {"none": "1", "full": "~4/3", "every-k": "~4/3", "selective": "a little over 1"}
 
 
 def count(cfg, policy, b, t, k, n_layer=None):
@@ -179,18 +203,23 @@ def main(args):
     L0, b0 = ref["L_r"], ref["b_r"]                    # rank 0's: with --pp, the first stage's blocks, a micro-batch
     say(f"activation memory per rank: the meter's peak over the {L0} blocks' forward and backward\n(b={b0} s={s} h={h} "
         f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")" + (" on rank 0, the first stage; every rank below" if pp > 1 else ""))
+    blocks_t = blocks_times(runs, b0, args.seed, args.timing_reps, comm)
     rows = []
     paper_name = {"none": "none", "selective": "selective", "full": "full"}
     for policy, r in runs.items():
+        r["blocks_time"] = blocks_t[policy]
         paper = activation_layer_bytes(s, b0, h, a, tp, False, paper_name[policy]) * L0 if policy in paper_name else None
         rows.append([policy, fmt_bytes(r["body"]), fmt_bytes(r["count"]), "equal" if r["equal"] else "DIFFERENT",
                      f"{r['body'] / ref['body']:.2f}", fmt_bytes(paper) if paper else "-", fmt_bytes(r["step_peak"]),
-                     f"{r['time'] * 1e3:.1f}", f"{r['time'] / ref['time']:.2f}x", f"{r['rel']:.1e}"])
+                     EXPECTED_TIME.get(policy, "-"), f"{blocks_t[policy] / blocks_t['none']:.2f}x",
+                     f"{blocks_t[policy] * 1e3:.1f}", f"{r['time'] * 1e3:.1f}", f"{r['rel']:.1e}"])
     # two tables, memory then time and agreement: side by side they are too wide to read
     harness.table([r[:7] for r in rows], header=["policy", "blocks: measured", "engine's count", "", "/ none",
-                                                 f"paper (16-bit) x {L0}", "whole step peak"])
-    say("")
-    harness.table([r[:1] + r[7:] for r in rows], header=["policy", "step ms", "time / none", "max_rel_diff"])
+                                                 f"paper, {L0} layers", "whole step peak"])
+    say(f"\ntime: the blocks' forward + backward, the policies taken in turn {args.timing_reps} times (median);"
+        f"\nthe whole training step's median beside it")
+    harness.table([r[:1] + r[7:] for r in rows], header=["policy", "expected / none", "measured / none",
+                                                         "blocks ms", "step ms", "max_rel_diff"])
     x = b0 * s * h * item
     A = count(cfg, "none", b0, tp, k, n_layer=1)
     say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
@@ -198,8 +227,10 @@ def main(args):
         "  (j+1) x + k A; selective: q, k, v kept in place of the b*a*s*s probabilities and mask;\n  the paper's "
         "34sbh + 5as^2b, 34sbh and 2sbh per layer assume 16-bit values and 1-byte masks\n"
         "  (docs/reference.md#activation-memory-per-layer)")
-    say("  time: full and every-k run each block's forward twice (about one forward more: ~4/3 of a step);\n"
-        "  selective reruns only the attention core")
+    say("  time: full and every-k run each block's forward twice (one forward more over a forward and a\n"
+        "  backward of two: ~4/3); selective reruns only the attention core. Ranks that share cores\n"
+        "  (more ranks than cores, or a busy machine) make one run's ratios differ from the next by 10% or\n"
+        "  more: read the expected column first, the measured one as this machine's sample of it")
     if pp > 1:
         say(f"\nevery rank's peak over its stage's blocks, one micro-batch of b={b0} (measured = count for its L_r; "
             f"every-k's k = round(sqrt(L_r)) unless --k)")
@@ -258,7 +289,9 @@ def main(args):
         key = policy.replace("-", "_")
         figures.update({f"{key}_blocks_peak_bytes_measured": r["body"], f"{key}_blocks_peak_bytes_count": r["count"],
                         f"{key}_step_peak_bytes": r["step_peak"], f"{key}_step_time_s": r["time"],
-                        f"{key}_time_ratio": r["time"] / ref["time"], f"{key}_max_rel_diff": r["rel"]})
+                        f"{key}_time_ratio": r["time"] / ref["time"], f"{key}_max_rel_diff": r["rel"],
+                        f"{key}_blocks_time_s": r["blocks_time"],
+                        f"{key}_blocks_time_ratio": r["blocks_time"] / ref["blocks_time"]})
         if pp > 1:                                 # every rank's stage: measured and counted
             figures.update({f"{key}_rank_blocks_peak_bytes_measured": [int(v) for v in r["per_rank"][:, 0]],
                             f"{key}_rank_blocks_peak_bytes_count": [int(v) for v in r["per_rank"][:, 1]]})
@@ -301,6 +334,8 @@ def build_parser():
     p.add_argument("--pp", type=harness.positive_int, default=1, help="pipeline stages (lesson 07's path; default 1)")
     p.add_argument("--micro-batches", type=harness.positive_int, default=4, metavar="M",
                    help="micro-batches per step with --pp (default %(default)s)")
+    p.add_argument("--timing-reps", type=harness.positive_int, default=5,
+                   help="turns of the interleaved timing of the policies (default %(default)s)")
     p.add_argument("--sweep", type=layer_list, default=[4, 9, 16], help="layer counts of the sweep (default 4,9,16)")
     common.add_step_flags(p)
     return p

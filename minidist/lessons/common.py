@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from minidist.lessons.harness import (InputError, need, nonnegative_float, physical_memory, positive_float,
-                                      positive_int, ranks)
+from minidist.lessons.harness import (InputError, command_with, heads_fix, need, nonnegative_float,
+                                      physical_memory, positive_float, positive_int, ranks)
 
 
 def add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=8, dropout=0.0):
@@ -53,7 +53,8 @@ def config_from_args(args, ranks=1):
     try:
         cfg.validate()
     except ValueError as e:
-        raise InputError(str(e))
+        fix = heads_fix(cfg.n_head, cfg.n_embd)
+        raise InputError(f"{e}; this works: {command_with(ranks, fix)}" if fix else str(e))
     need_bytes = activation_bytes(cfg, max(1, args.batch_size // ranks)) * ranks
     have = physical_memory()
     need(have is None or need_bytes < 0.8 * have,

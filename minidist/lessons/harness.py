@@ -403,6 +403,35 @@ def need(ok, message):
         raise InputError(message)
 
 
+def command_with(world, changes=None):
+    """The command that started this lesson, on `world` ranks and with the flags in `changes`
+    ({"--n-head": 9}) replaced or added: a hint a student can paste, and it runs."""
+    import __main__
+    spec = getattr(__main__, "__spec__", None)
+    module = spec.name if spec is not None else os.path.basename(sys.argv[0])
+    argv, changes = list(sys.argv[1:]), dict(changes or {})
+    for flag, value in changes.items():
+        for i, a in enumerate(argv):
+            if a == flag and i + 1 < len(argv):
+                argv[i + 1] = str(value)
+                break
+            if a.startswith(flag + "="):
+                argv[i] = f"{flag}={value}"
+                break
+        else:
+            argv += [flag, str(value)]
+    words = (["mpirun", "-n", str(world)] if world > 1 else []) + ["python", "-m", module] + argv
+    return " ".join(words)
+
+
+def heads_fix(n_head, n_embd, tp=1):
+    """The flags that give whole heads to each of tp ranks and whole channels to each head:
+    the next multiple of tp heads, and n_embd rounded to a multiple of that ({} if both hold)."""
+    h = -(-n_head // tp) * tp
+    e = n_embd if n_embd % h == 0 else h * max(1, round(n_embd / h))
+    return {k: v for k, v, old in (("--n-head", h, n_head), ("--n-embd", e, n_embd)) if v != old}
+
+
 def agreed_need(comm, ok, message):
     """Like need(), for a condition that may differ between ranks (a file seen by one node).
 
