@@ -104,18 +104,35 @@ def _mm(a, b):
     return a @ b
 
 
+def matmul_grad_a(b, grad, a_shape):
+    """grad_a of out = a @ b: grad @ b^T, summed back over the batch dims a was broadcast along."""
+    return unbroadcast(_mm(grad, b.swapaxes(-1, -2)), a_shape)
+
+
+def matmul_grad_b(a, grad, b_shape):
+    """grad_b of out = a @ b: a^T @ grad, summed back over the batch dims b was broadcast along."""
+    if len(b_shape) == 2 and a.ndim > 2:      # weight grad: one (K, B*T) @ (B*T, N) GEMM
+        return a.reshape(-1, a.shape[-1]).T @ grad.reshape(-1, grad.shape[-1])
+    return unbroadcast(a.swapaxes(-1, -2) @ grad, b_shape)
+
+
 def matmul_backward(a, b, grad):
     """Gradients of out = a @ b (batch dims broadcast, both at least 2-D).
 
     grad_a = grad @ b^T, grad_b = a^T @ grad (transposes of the last two axes),
     each summed back over batch dims it was broadcast along.
     """
-    grad_a = _mm(grad, b.swapaxes(-1, -2))
-    if b.ndim == 2 and a.ndim > 2:            # weight grad: one (K, B*T) @ (B*T, N) GEMM
-        grad_b = a.reshape(-1, a.shape[-1]).T @ grad.reshape(-1, grad.shape[-1])
-    else:
-        grad_b = unbroadcast(a.swapaxes(-1, -2) @ grad, b.shape)
-    return unbroadcast(grad_a, a.shape), grad_b
+    return matmul_grad_a(b, grad, a.shape), matmul_grad_b(a, grad, b.shape)
+
+
+def _as_matrices(a, b, grad):
+    """NumPy's 1-D rule made explicit: a 1-D a is a row (1, K), a 1-D b a column (K, 1),
+    and grad gets back the axis the product dropped."""
+    if b.ndim == 1:
+        grad = grad[..., None]                 # (..., M) -> (..., M, 1)
+    if a.ndim == 1:
+        grad = xp.expand_dims(grad, -2)        # (..., N) -> (..., 1, N)
+    return (a[None, :] if a.ndim == 1 else a), (b[:, None] if b.ndim == 1 else b), grad
 
 
 class MatMul(Function):
@@ -124,7 +141,11 @@ class MatMul(Function):
     NumPy treats a 1-D `a` as a row (1, K) and a 1-D `b` as a column (K, 1), then drops
     that axis from the result. The backward does the same: it puts the dropped axis
     back into grad, runs the 2-D rule, and returns gradients of the operands' own shapes.
+    Split backward (zero bubble): an operand that is a Parameter gets its gradient from
+    backward_weight, later (minidist.tensor.deferred_weight_grads).
     """
+    WEIGHT_INPUTS = (0, 1)
+
     @staticmethod
     def forward(ctx, a, b):
         if a.ndim == 0 or b.ndim == 0:
@@ -136,20 +157,30 @@ class MatMul(Function):
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved
+        need_a, need_b = ctx.needs_input_grad
         if a.ndim >= 2 and b.ndim >= 2:
-            return matmul_backward(a, b, grad)
-        a2 = a[None, :] if a.ndim == 1 else a      # (K,) -> (1, K): a row
-        b2 = b[:, None] if b.ndim == 1 else b      # (K,) -> (K, 1): a column
-        if b.ndim == 1:
-            grad = grad[..., None]                 # (..., M) -> (..., M, 1)
-        if a.ndim == 1:
-            grad = xp.expand_dims(grad, -2)        # (..., N) -> (..., 1, N)
-        ga, gb = matmul_backward(a2, b2, grad)
-        return ga.reshape(a.shape), gb.reshape(b.shape)
+            return (matmul_grad_a(b, grad, a.shape) if need_a else None,
+                    matmul_grad_b(a, grad, b.shape) if need_b else None)
+        a2, b2, grad = _as_matrices(a, b, grad)
+        return (matmul_grad_a(b2, grad, a2.shape).reshape(a.shape) if need_a else None,
+                matmul_grad_b(a2, grad, b2.shape).reshape(b.shape) if need_b else None)
+
+    @staticmethod
+    def backward_weight(ctx, grad, i):
+        a, b = ctx.saved
+        a2, b2, grad = _as_matrices(a, b, grad) if min(a.ndim, b.ndim) < 2 else (a, b, grad)
+        g = matmul_grad_a(b2, grad, a2.shape) if i == 0 else matmul_grad_b(a2, grad, b2.shape)
+        return g.reshape((a, b)[i].shape) if min(a.ndim, b.ndim) < 2 else g
 
 
 class Linear(Function):
-    """y = x @ W + b in one node: the bias is added in place into the GEMM's output."""
+    """y = x @ W + b in one node: the bias is added in place into the GEMM's output.
+
+    Split backward (zero bubble): B computes grad_x only; W, later, grad_W = x^T grad and
+    grad_b = the sum of grad over rows, from the saved x and the kept grad.
+    """
+    WEIGHT_INPUTS = (1, 2)
+
     @staticmethod
     def forward(ctx, x, w, b=None):
         ctx.save_for_backward(x, w)
@@ -161,10 +192,19 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved
-        gx, gw = matmul_backward(x, w, grad)
-        if len(ctx.needs_input_grad) == 3:
-            return gx, gw, grad.reshape(-1, grad.shape[-1]).sum(axis=0)
+        needs = ctx.needs_input_grad
+        gx = matmul_grad_a(w, grad, x.shape) if needs[0] else None
+        gw = matmul_grad_b(x, grad, w.shape) if needs[1] else None
+        if len(needs) == 3:
+            return gx, gw, (grad.reshape(-1, grad.shape[-1]).sum(axis=0) if needs[2] else None)
         return gx, gw
+
+    @staticmethod
+    def backward_weight(ctx, grad, i):
+        if i == 2:
+            return grad.reshape(-1, grad.shape[-1]).sum(axis=0)
+        x, w = ctx.saved
+        return matmul_grad_b(x, grad, w.shape)
 
 # ----------------------------------------------------------------------------- shapes
 

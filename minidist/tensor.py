@@ -17,6 +17,16 @@ Three things the parallel lessons need are built in here:
 - `MEMORY`: bytes of arrays saved for backward by live nodes, the "activations" row
   (kept with `Context`, the ctx every forward saves into, in minidist/context.py).
 
+And one that zero-bubble pipeline schedules need (Qi et al. 2024, arXiv 2401.10241):
+- `with deferred_weight_grads() as later: out.backward(g)` splits the backward in two, as
+  PyTorch's pipelining does with its input- and weight-gradient passes. An op that names
+  `WEIGHT_INPUTS` (Linear: weight and bias; MatMul: either operand) computes the gradient
+  of its input now, but for an operand that is a leaf (a Parameter) it computes nothing:
+  the node keeps its saved input and gets to keep its output's gradient, and a
+  `WeightGrad` goes on `later`. `run_weight_grads(later)` computes those gradients and adds
+  them into .grad as the plain backward would. Everything else (layer norm, embeddings,
+  attention, a head reached through a transpose: x @ wte.T) runs in full during B.
+
     python -c "from minidist.tensor import Tensor; x = Tensor([2.0], requires_grad=True); (x * x).sum().backward(); print(x.grad)"
 """
 import contextlib
@@ -30,6 +40,7 @@ from minidist.context import MEMORY, Context  # noqa: F401  (MEMORY is re-export
 
 _GRAD_ENABLED = True
 _STEP_CALLBACKS = []
+_DEFERRED = None                # a list while deferred_weight_grads() is active
 
 
 def is_grad_enabled():
@@ -56,6 +67,70 @@ def backward_step_callback(fn):
     finally:
         _STEP_CALLBACKS.remove(fn)
 
+
+@contextlib.contextmanager
+def deferred_weight_grads():
+    """While active, backward() leaves the weight gradients of splittable ops for later.
+
+    Yields the list the WeightGrads go on, in the order the backward walk made them;
+    `run_weight_grads(that list)` adds them into .grad. Nested, each backward appends to
+    the innermost list (a checkpoint's inner backward included: its W runs later too).
+    """
+    global _DEFERRED
+    before, _DEFERRED = _DEFERRED, []
+    try:
+        yield _DEFERRED
+    finally:
+        _DEFERRED = before
+
+
+class WeightGrad:
+    """One node's deferred weight gradients: the node's ctx (its saved input still held),
+    the gradient of its output, and the (position, Parameter) pairs left to compute.
+
+    fn None: a gradient B already computed (grad) for a Parameter that also has deferred
+    ones (a tied weight used by an embedding and by a linear), held so that W adds all of
+    its parts in the plain backward's order. While it waits, grad's bytes count in MEMORY
+    beside the saved arrays: both are held until W runs, a split backward's price.
+    """
+    __slots__ = ("fn", "ctx", "grad", "params", "_bytes")
+
+    def __init__(self, fn, ctx, grad, params):
+        self.fn, self.ctx, self.grad, self.params = fn, ctx, grad, params
+        self._bytes = grad.nbytes
+        MEMORY.add(self._bytes)
+
+    def run(self, owned):
+        """Compute, add into .grad (in input order, as the plain backward does), free."""
+        for i, t in self.params:
+            _accumulate_leaf(t, self.grad if self.fn is None else self.fn.backward_weight(self.ctx, self.grad, i),
+                             owned)
+        if self.ctx is not None:
+            self.ctx.release()
+        self.grad, self.params = None, ()
+        MEMORY.add(-self._bytes)
+        self._bytes = 0
+
+    def __del__(self):                            # dropped without running
+        if self._bytes:
+            MEMORY.add(-self._bytes)
+
+
+def run_weight_grads(later):
+    """W: every WeightGrad of one B, in the order its walk made them; then the grad-ready
+    hooks of the parameters they touched (their gradient of this pass is complete now)."""
+    owned, touched = set(), {}
+    callbacks = _STEP_CALLBACKS
+    for wg in later:
+        for _, t in wg.params:
+            touched[id(t)] = t
+        wg.run(owned)
+        for fn in callbacks:
+            fn()
+    later.clear()
+    for t in touched.values():
+        _fire(t)
+
 # ----------------------------------------------------------------------------- Function
 
 
@@ -76,7 +151,12 @@ class Function:
     returns an array, or a tuple of arrays for several outputs; backward gets the
     gradient of each output (one array, or a tuple) and returns one gradient (or None)
     per positional input. Between the two, ctx (a Context) carries what forward saved.
+
+    A Function whose backward can be split names the positions in WEIGHT_INPUTS and adds
+    backward_weight(ctx, grad, i), the gradient of input i alone; its backward skips
+    every input whose ctx.needs_input_grad is False (deferred_weight_grads sets them so).
     """
+    WEIGHT_INPUTS = ()
 
     @staticmethod
     def forward(ctx, *arrays, **kw):
@@ -221,19 +301,28 @@ class Tensor:
         self._node.out_grads[self._slot] = grad
         owned = set()                             # ids of arrays already given to a leaf
         callbacks = _STEP_CALLBACKS
+        split = _deferred_leaves(order) if _DEFERRED is not None else None
         for node in reversed(order):
             ctx = node.ctx
             grads = [g if g is not None else xp.zeros(s, d)
                      for g, (s, d) in zip(node.out_grads, node.out_shapes)]
             node.out_grads = None
+            later = _defer(node) if _DEFERRED is not None and node.fn.WEIGHT_INPUTS else None
             in_grads = node.fn.backward(ctx, tuple(grads) if len(grads) > 1 else grads[0])
-            ctx.release()
+            if later:                             # W computes these; the ctx stays alive for it
+                _DEFERRED.append(WeightGrad(node.fn, ctx, grads[0], later))
+            else:
+                ctx.release()
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             for t, g in zip(node.inputs, in_grads):
                 if not isinstance(t, Tensor) or not t.requires_grad:
                     continue
                 if t._node is None:
+                    if split is not None and id(t) in split:   # W adds it, in this order
+                        if g is not None:
+                            _DEFERRED.append(WeightGrad(None, None, _own(g, t, owned), [(None, t)]))
+                        continue                  # incomplete until W: no hook fires now
                     if g is not None:
                         _accumulate_leaf(t, g, owned)
                     if t._hooks is not None:          # complete once every consumer added
@@ -297,6 +386,38 @@ def _accumulate_leaf(t, g, owned):
         t.grad = g
     else:
         t.grad = t.grad + g        # a new array: the old one may be shared with a caller
+
+
+def _deferred_leaves(order):
+    """ids of the leaves some node of this graph will defer (see _defer): all their
+    gradients of this backward wait for W, so W adds them in the walk's order."""
+    out = set()
+    for node in order:
+        ins = node.inputs
+        for i in node.fn.WEIGHT_INPUTS:
+            if i < len(ins) and isinstance(ins[i], Tensor) and ins[i].requires_grad and ins[i]._node is None:
+                out.add(id(ins[i]))
+    return out or None
+
+
+def _own(g, t, owned):
+    """g as a private array for t's .grad later (as _accumulate_leaf would make it now)."""
+    if id(g) in owned or g.base is not None or g.shape != t.shape:
+        g = xp.array(xp.broadcast_to(g, t.shape))
+    owned.add(id(g))
+    return g
+
+
+def _defer(node):
+    """The (position, leaf) pairs of a splittable node whose gradients W will compute;
+    marks them not needed now, so the node's backward computes only the rest."""
+    ins = node.inputs
+    later = [(i, ins[i]) for i in node.fn.WEIGHT_INPUTS if i < len(ins) and isinstance(ins[i], Tensor)
+             and ins[i].requires_grad and ins[i]._node is None]
+    if later:
+        skip = {i for i, _ in later}
+        node.ctx.needs_input_grad = tuple(n and i not in skip for i, n in enumerate(node.ctx.needs_input_grad))
+    return later
 
 
 def _fire(t):

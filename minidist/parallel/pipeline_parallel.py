@@ -3,8 +3,8 @@
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule 1f1b --micro-batches 8
 
 Stages. The blocks are cut into p*v virtual stages, as evenly as possible, the earlier
-stages taking the extra layers; chunk c of rank r holds virtual stage c*p + r (v = 1
-unless interleaved). The first stage also holds the embeddings, the last one the final
+stages taking the extra layers (the later ones with extra_layers="last"); chunk c of
+rank r holds virtual stage c*p + r (v = 1 unless interleaved). The first stage also holds the embeddings, the last one the final
 layer norm, the head and the loss. The head is tied to the token embedding, which
 lives on the first stage: the last stage keeps its own copy of wte, and after the
 backwards the two copies' gradients are summed (one all-reduce between the first and
@@ -24,11 +24,17 @@ order. No deadlock, by construction.
 Memory. A micro-batch's activations live on a stage from its F to its B (to its W in a
 zero-bubble schedule); the executor counts them (`peak_live`) beside the simulator's.
 
-Zero bubble. This engine's backward computes the input and the weight gradients in
-one walk of the graph. A split schedule's B runs that walk and sends the input gradient
-at once; the weight gradients are held aside and added into .grad by the matching W.
-The order and the dependencies are the schedule's; the time split is the simulator's.
+Zero bubble (Qi et al. 2024, arXiv 2401.10241). A split schedule's B runs the backward
+under `deferred_weight_grads()` (minidist/tensor.py), as PyTorch's pipelining runs its
+input-gradient pass: every Linear and MatMul computes the gradient of its input only and
+keeps its saved input and its output's gradient; the input gradient is sent at once.
+The matching W runs those kept products (`run_weight_grads`): x^T grad for each weight,
+the row sum of grad for each bias, added into .grad in the order the plain backward adds
+them. Layer norm, the embeddings and the tied head (x @ wte.T, reached through a
+transpose) stay whole in B: small next to the linears' GEMMs, which are most of W.
+`durations` keeps every action's time over the steps, for the lesson's medians.
 """
+import contextlib
 import time
 
 import numpy as np
@@ -42,22 +48,33 @@ from minidist.ops import cross_entropy
 from minidist.optim import grad_norm_sq
 from minidist.parallel import schedules
 from minidist.rng import DropoutRNG
-from minidist.tensor import Tensor
+from minidist.tensor import Tensor, deferred_weight_grads, run_weight_grads
 
 
 class PipelineError(ValueError):
     """A pipeline that cannot be built (more stages than layers, chunks that do not divide)."""
 
 
-def split_layers(n_layer, n_stages):
-    """[(lo, hi)] layer ranges of each stage; the first n_layer % n_stages take one more."""
+EXTRA_LAYERS = ("first", "last")
+
+
+def split_layers(n_layer, n_stages, extra_layers="first"):
+    """[(lo, hi)] layer ranges of each stage; n_layer % n_stages of them take one more:
+    the first stages (extra_layers="first", the default) or the last ones ("last").
+
+    "last" spares stage 0, which already holds the embedding and, under 1F1B, the most
+    micro-batches in flight (p of them); the last stage holds only one.
+    """
     if n_stages > n_layer:
         raise PipelineError(f"{n_stages} pipeline stages but only {n_layer} layers: every stage needs "
                             f"at least one layer (use --n-layer >= {n_stages} or fewer stages)")
+    if extra_layers not in EXTRA_LAYERS:
+        raise PipelineError(f"extra_layers must be one of {EXTRA_LAYERS}, not {extra_layers!r}")
     base, extra = divmod(n_layer, n_stages)
     out, lo = [], 0
     for s in range(n_stages):
-        hi = lo + base + (s < extra)
+        more = s < extra if extra_layers == "first" else s >= n_stages - extra
+        hi = lo + base + more
         out.append((lo, hi))
         lo = hi
     return out
@@ -86,10 +103,10 @@ class PipelineGPT(Module):
     activation that travels between stages.
     """
 
-    def __init__(self, full, p, rank, v=1):
+    def __init__(self, full, p, rank, v=1, extra_layers="first"):
         self.config, self.p, self.rank, self.v = full.config, p, rank, v
         n = p * v
-        self.ranges = split_layers(full.config.n_layer, n)
+        self.ranges = split_layers(full.config.n_layer, n, extra_layers)
         self.stages = [schedules.stage_of(rank, c, p) for c in range(v)]
         self.first, self.last = 0 in self.stages, n - 1 in self.stages
         tr = full.transformer
@@ -193,6 +210,8 @@ class PipelineParallel:
             group = comm.Split(0 if ends else MPI.UNDEFINED, comm.Get_rank())
             self.embed_comm = group if ends else None
         self.events, self.peak_live = [], 0
+        self.durations = {op: [] for op in schedules.OPS}   # seconds per action, every step
+        self.history = []                           # every step's events
 
     # -- where messages go
     def _neighbour(self, c, step):
@@ -250,46 +269,30 @@ class PipelineParallel:
                     outgoing = (np.ascontiguousarray(to_numpy(out.data)), dest, self._tag(mb, s + 1, False))
             elif op == "B":
                 x_in, out = saved.pop((mb, c))
-                before = self._set_aside() if split else None
-                if s == n - 1:
-                    (out * scale).backward()
-                else:
-                    out.backward(xp.asarray(got))
-                if split:
-                    held[(mb, c)] = self._set_aside(restore=before)
+                with deferred_weight_grads() if split else contextlib.nullcontext() as later:
+                    if s == n - 1:
+                        (out * scale).backward()
+                    else:
+                        out.backward(xp.asarray(got))
+                if split:                           # the weight gradients wait for W
+                    held[(mb, c)] = later
                 else:
                     live -= 1
                 if s > 0:
                     dest = self._neighbour(c, -1)[0]
                     outgoing = (np.ascontiguousarray(to_numpy(x_in.grad)), dest, self._tag(mb, s - 1, True))
-            else:                                   # W: the weight gradients B held aside
-                for p, g in held.pop((mb, c)):
-                    p.grad = g if p.grad is None else p.grad + g
-                live -= 1
+            else:                                   # W: the weight gradients B left for later
+                run_weight_grads(held.pop((mb, c)))
+                live -= 1                           # what W held (saved inputs, output grads) is freed
             self.events.append((op, mb, c, t0, time.perf_counter()))   # one clock for all ranks of a node
+            self.durations[op].append(self.events[-1][4] - t0)
+        self.history.append(self.events)
         for req, _ in pending:                      # every send completes before the step ends
             with waiting("pipeline sends of this step"):
                 req.Wait()
         # the loss lives on the last stage; every stage reports it (one float64)
         last = schedules.place(n - 1, model.p)[0]
         return float(broadcast(self.comm, np.array([total]), root=last)[0])
-
-    def _set_aside(self, restore=None):
-        """Split schedules: take the weight gradients a B just made out of .grad.
-
-        Called before the B (restore=None): returns the grads as they were and clears
-        them. Called after, with those: returns [(param, new grad)] and puts the old back.
-        """
-        params = self.model.parameters()
-        if restore is None:
-            old = [p.grad for p in params]
-            for p in params:
-                p.grad = None
-            return old
-        made = [(p, p.grad) for p in params if p.grad is not None]
-        for p, g in zip(params, restore):
-            p.grad = g
-        return made
 
     # -- after the backwards
     def backward_context(self, last):

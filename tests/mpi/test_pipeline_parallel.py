@@ -12,6 +12,9 @@ boundary each way. Every schedule again in float32, held to the harness's float3
 tolerance (harness.TOLERANCE), and plain SGD without clipping in both dtypes, so a
 constant factor would show in the weights too. A micro-batch loss not scaled by 1/m and
 a tied embedding whose two copies are not summed must fail the same comparison.
+ZB-H1's split is real: every Linear weight of a stage gets its gradient in a W, not in
+the B, and the run still equals one process. Six layers on four stages with the extra
+layers on the last stages (--extra-layers last) equal one process too.
 """
 import importlib
 import json
@@ -27,7 +30,8 @@ from minidist.model import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel import schedules
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
+from minidist.parallel import pipeline_parallel
+from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes, split_layers
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
 pytestmark = pytest.mark.mpi
@@ -79,10 +83,10 @@ def reference(cfg, rows, sgd=False):
     return train(ref, optimizer(ref, sgd), 1, rows, clip=0.0 if sgd else TC.grad_clip)
 
 
-def pipeline(cfg, name, m, v=1, sgd=False, **kw):
+def pipeline(cfg, name, m, v=1, sgd=False, extra_layers="first", **kw):
     grid = ProcessGrid(pp=PP)
     rows = m * grid.dp
-    model = PipelineGPT(GPT(cfg, seed=SEED), PP, grid.pp_rank, v)
+    model = PipelineGPT(GPT(cfg, seed=SEED), PP, grid.pp_rank, v, extra_layers)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
     runner = PipelineParallel(model, grid.pp_comm, name, m, dp)
     if kw.pop("skip_tied", False):
@@ -118,6 +122,39 @@ def test_schedule_equals_one_process(name, m):
         assert runner.peak_live <= PP
     sent = meas.bytes_sent("send") // STEPS
     assert sent == expected_p2p_bytes(model, [1] * m, 8), f"rank {COMM.Get_rank()} sent {sent} bytes per step"
+
+
+@pytest.mark.parametrize("m", [2, 5])
+def test_zb_h1_split_is_real_and_equals_one_process(m, monkeypatch):
+    """Every W adds weight gradients the B left: each Linear weight of the stage gets its
+    gradient there (its B computed only the input's), and the run equals one process."""
+    in_w = set()
+
+    def spy(later):
+        in_w.update(id(t) for wg in later if wg.fn is not None for _, t in wg.params)
+        run_weight_grads(later)
+
+    run_weight_grads = pipeline_parallel.run_weight_grads
+    monkeypatch.setattr(pipeline_parallel, "run_weight_grads", spy)
+    rel, where, (grid, model, runner, meas, rows) = worst(config(n_layer=4), "zb-h1", m)
+    assert rel <= 1e-10, f"zb-h1 split, p={PP}, m={m}: max_rel_diff {rel:.2e} (worst {where})"
+    linears = {n: p for n, p in model.named_parameters() if n.endswith(("c_attn.weight", "c_fc.weight"))}
+    missed = sorted(n for n, p in linears.items() if id(p) not in in_w)
+    assert linears and not missed, f"rank {COMM.Get_rank()}: no W computed the gradient of {missed}"
+    assert len(runner.durations["W"]) == STEPS * m, "one W per micro-batch and step"
+
+
+@pytest.mark.parametrize("extra", ["first", "last"])
+def test_extra_layers_first_or_last_equals_one_process(extra):
+    """An uneven cut (2p - 1 layers: p - 1 stages hold two): the extra layers on the first
+    stages or on the last ones, the same training either way."""
+    n_layer = 2 * PP - 1
+    ranges = split_layers(n_layer, PP, extra)
+    sizes = [hi - lo for lo, hi in ranges]
+    if PP > 1:
+        assert sizes == ([2] * (PP - 1) + [1] if extra == "first" else [1] + [2] * (PP - 1)), sizes
+    rel, where, _ = worst(config(n_layer=n_layer), "1f1b", 4, extra_layers=extra)
+    assert rel <= 1e-10, f"extra layers {extra}, p={PP}: max_rel_diff {rel:.2e} (worst {where})"
 
 
 @pytest.mark.parametrize("m", [PP, 2 * PP])
