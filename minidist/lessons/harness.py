@@ -92,7 +92,10 @@ def say(*parts, **kw):
         return
     if is_root():
         wrap = kw.get("file") in (None, sys.stdout)      # errors (stderr) stay one line each
-        print(*(fit(p) if wrap and isinstance(p, str) else p for p in parts), **kw, flush=True)
+        try:
+            print(*(fit(p) if wrap and isinstance(p, str) else p for p in parts), **kw, flush=True)
+        except BrokenPipeError:       # `... | head` stopped reading: finish the lesson quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), (kw.get("file") or sys.stdout).fileno())
 
 
 WIDTH = 100     # the widest line a lesson prints: a class reads it in any terminal
@@ -366,7 +369,12 @@ def _root_decides(problem):
     """Rank 0's verdict on something only rank 0 does (writing --json), known on every rank."""
     if world()[1] == 1:
         return problem
-    return comm_world().bcast(problem, root=0)   # a short string or None, once per run
+    text = np.frombuffer((problem or "").encode(), dtype=np.uint8)
+    n = np.array([len(text) if problem is not None else -1], dtype=np.int64)
+    comm_world().Bcast(n, root=0)                # its length (-1: no problem), then its bytes
+    buf = text.copy() if is_root() else np.empty(max(int(n[0]), 0), dtype=np.uint8)
+    comm_world().Bcast(buf, root=0)
+    return None if n[0] < 0 else buf.tobytes().decode()
 
 
 def run(main, p):
