@@ -3,6 +3,7 @@ a tensor-parallel group (Megatron-LM); the run must equal one process training t
 
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel
     mpirun -n 4 python -m minidist.lessons.03_tensor_parallel --sequence-parallel
+    mpirun -n 4 python -m minidist.lessons.03_tensor_parallel --sequence-parallel --sp-keep-gathered
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --tp 4 --dropout 0.1
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --generate 32
     mpirun -n 2 python -m minidist.lessons.03_tensor_parallel --dtype float32 --json out.json
@@ -14,7 +15,10 @@ trains a few AdamW steps with clipping by the global norm, gathers the shards ba
 under the single-process names, and compares the losses, the raw gradients of every
 step and the weights with one process; then it prints the bytes each rank sent and the
 memory each rank holds (weights; activations of one layer with and without sequence
-parallelism) beside their formulas. --generate N then decodes N tokens greedily with
+parallelism) beside their formulas. Sequence parallelism runs as Megatron's does: c_attn
+and c_fc keep their rank's slice of the sequence and gather it again in backward (2 more
+all-gathers per layer, every activation cut by t); --sp-keep-gathered keeps the gathered
+input instead, and sends the same bytes as plain TP. --generate N then decodes N tokens greedily with
 the sharded model and a KV cache, and with the single-process model, and compares.
 """
 import numpy as np
@@ -37,16 +41,22 @@ from minidist.train import TrainConfig
 def check_input(args, cfg, world):
     """Every rank finds the same answer: bad input ends the job with one message, exit 2."""
     tp = args.tp or world
-    harness.need(tp <= world and world % tp == 0,
-                 f"--tp {tp} must divide the {world} ranks of the world (the rest is data parallelism)")
+    if not (tp <= world and world % tp == 0):
+        fit = max(d for d in range(1, world + 1) if world % d == 0 and d <= tp)
+        works = harness.command_with(world, {"--tp": fit, **harness.heads_fix(cfg.n_head, cfg.n_embd, fit)})
+        raise harness.InputError(f"--tp {tp} must divide the {world} ranks of the world (the rest is data "
+                                 f"parallelism); this works: {works}")
+    fix = harness.heads_fix(cfg.n_head, cfg.n_embd, tp)
     harness.need(cfg.n_head % tp == 0,
                  f"--n-head {cfg.n_head} is not divisible by the tensor-parallel size {tp}: each rank takes "
-                 f"whole heads; choose --n-head a multiple of {tp} (or --tp dividing {cfg.n_head})")
+                 f"whole heads, each head n_embd / n_head channels; this works: {harness.command_with(world, fix)}")
     try:
         rows = shard_slice(args.batch_size, 0, world // tp)
     except ValueError as e:
         raise harness.InputError(f"--batch-size {args.batch_size} over {world // tp} data-parallel groups: {e}")
     harness.need(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    harness.need(args.sequence_parallel or not args.sp_keep_gathered,
+                 "--sp-keep-gathered chooses a variant of sequence parallelism: add --sequence-parallel")
     return tp, rows.stop - rows.start
 
 
@@ -82,6 +92,10 @@ def collectives_table(model, cfg, b, sp, clip):
             ["head (tied wte)", f"{'all-gather' if sp else 'nothing'} forward, "
                                 f"{'reduce-scatter' if sp else 'all-reduce'} backward", bsh],
             ["vocab-parallel loss", "all-reduce of the max, the target logit, the sum of exp", f"b*s = {b * T:,} each"]]
+    regather = sp and not model.sp_keep_gathered
+    if regather:                          # before the loss: per layer, as the rows above
+        rows.insert(2, ["each layer, backward", "c_attn, c_fc: all-gather again the input slice they kept; "
+                                                "for the weight gradient (the re-gather)", bsh])
     if sp:
         rows.append(["replicated gradients", "one all-reduce per step (layer norms, biases, wpe)",
                      f"{sum(p.size for n, p in model.named_parameters() if n not in model.specs):,}"])
@@ -92,10 +106,25 @@ def collectives_table(model, cfg, b, sp, clip):
     for where, what, elements in rows:
         for i, part in enumerate(what.split("; ") + [f"elements per call: {elements}"]):
             say(f"  {where if i == 0 else '':<22}  {part}")
-    per_layer = "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else \
-        "2 all-reduces forward + 2 backward"
-    say(f"  per transformer layer: {per_layer}: 8 b*s*h (t-1)/t =\n"
-        f"  {8 * b * T * C * (t - 1) // t:,} elements sent per rank (docs/reference.md#tensor-parallelism); {L} layers")
+    per_layer = ("2 all-gathers + 2 reduce-scatters forward, 2 + 2 backward and 2 re-gathers" if regather else
+                 "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else
+                 "2 all-reduces forward + 2 backward")
+    n = 10 if regather else 8
+    say(f"  per transformer layer: {per_layer}:\n"
+        f"  {n} b*s*h (t-1)/t = {n * b * T * C * (t - 1) // t:,} elements sent per rank, {L} layers "
+        "(docs/reference.md#tensor-parallelism)")
+
+
+def other_variant(model, b, T, got, clip, grid):
+    """The all-gathers the other SP variant would send, by formula: the trade in bytes."""
+    keep = model.sp_keep_gathered
+    model.sp_keep_gathered = not keep                  # the formula reads the flag; the layers are built
+    calls, other = expected_bytes(model, b, T, clip=clip, dp_comm=grid.dp_comm)["all_gather"]
+    model.sp_keep_gathered = keep
+    name = "with the re-gather (no --sp-keep-gathered)" if keep else "kept gathered (--sp-keep-gathered)"
+    say(f"  the other variant, by formula: {name}, {calls} all-gathers, {other:,} B;\n"
+        f"  the re-gather sends 2 b*s*h (t-1)/t elements more per layer ({abs(other - got['all_gather']):,} B "
+        "in all here),\n  and each rank keeps 2 b*s*h (t-1)/t fewer per layer (the activation table below)")
 
 
 def gather_all(model, state):
@@ -116,7 +145,8 @@ def main(args):
     grid = ProcessGrid(tp=tp, comm=comm)
     sp = args.sequence_parallel
     say(f"Lesson 03: tensor parallelism, tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else "")
-        + f" on {world} ranks" + (", sequence parallel" if sp else "") + "\n")
+        + f" on {world} ranks" + (", sequence parallel" if sp else "")
+        + (" keeping the gathered inputs" if args.sp_keep_gathered else "") + "\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size} "
         f"vocab={cfg.vocab_size}" + (f" (padded to {padded_vocab(cfg.vocab_size, tp)})"
                                      if padded_vocab(cfg.vocab_size, tp) != cfg.vocab_size else "")
@@ -129,7 +159,8 @@ def main(args):
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
 
     # --- the tensor-parallel run: every rank builds the whole GPT, keeps its shards
-    model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=sp)
+    model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=sp,
+                              sp_keep_gathered=args.sp_keep_gathered)
     say("who holds what (every layer alike)")
     layer_picture(model, cfg)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
@@ -169,6 +200,8 @@ def main(args):
     harness.table([[n, calls[n], want[n][0], f"{got[n]:,}", f"{exp[n]:,}", "equal" if got[n] == exp[n] else "DIFFERENT"]
                    for n in names], header=["collective", "calls measured", "calls by formula", "bytes measured", "bytes by formula", "verdict"])
     bytes_ok = all(got[n] == exp[n] for n in names)
+    if sp:
+        other_variant(model, per_dp, cfg.block_size, got, bool(args.grad_clip), grid)
     logits = per_dp * cfg.block_size * padded_vocab(cfg.vocab_size, tp) * np.dtype(cfg.dtype).itemsize
     say(f"  never the logits: one all-reduce of the b*s*v logits would send {fmt_bytes(2 * logits * (tp - 1) // tp)} alone")
 
@@ -221,6 +254,9 @@ def build_parser():
     p.add_argument("--tp", type=harness.positive_int, help="tensor-parallel size (default: the world size)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="layer norms and dropout on a slice of the sequence (Korthikanti et al. 2022)")
+    p.add_argument("--sp-keep-gathered", action="store_true",
+                   help="with --sequence-parallel: c_attn and c_fc keep the gathered input for backward "
+                        "(no re-gather: fewer bytes, more memory)")
     common.add_step_flags(p)
     p.add_argument("--generate", type=harness.nonnegative_int, default=0, metavar="N",
                    help="then decode N tokens greedily with a KV cache, sharded and in one process")

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import stats
+from minidist.comm import chunk_bounds, stats
 from minidist.data import decode
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
@@ -29,9 +29,12 @@ from minidist.tensor import Tensor
 
 
 def activation_table(cfg, b, tp_comm, seed):
-    """One transformer layer's saved bytes per rank, three ways: one process, tensor
-    parallel, tensor + sequence parallel; each measured, beside this engine's count and
-    Korthikanti et al.'s formula. Returns (every measurement equals the count, figures)."""
+    """One transformer layer's saved bytes per rank, four ways: one process, tensor
+    parallel, tensor + sequence parallel (Megatron's: the column layers keep their slice
+    and gather it again in backward) and SP keeping the gathered inputs; each measured,
+    beside this engine's count and Korthikanti et al.'s formula. Then the paper's identity:
+    TP + SP per rank times t against one process. Returns (every measurement equals the
+    count and the identity holds, figures)."""
     s, h, a, t, item = cfg.block_size, cfg.n_embd, cfg.n_head, tp_comm.Get_size(), np.dtype(cfg.dtype).itemsize
     x = np.random.default_rng(seed).standard_normal((b, s, h)).astype(cfg.dtype)
     lo, hi = sequence_bounds(s, tp_comm)
@@ -39,30 +42,38 @@ def activation_table(cfg, b, tp_comm, seed):
     def rng():
         return DropoutRNG(seed, 0, range(b)) if cfg.dropout > 0 else None
 
-    one = GPT(cfg, seed=seed).transformer.h[0]
-    tp = TensorParallelGPT(GPT(cfg, seed=seed), tp_comm).transformer.h[0]
-    sp = TensorParallelGPT(GPT(cfg, seed=seed), tp_comm, sequence_parallel=True).transformer.h[0]
-    rows = [("1 process", lambda: one(Tensor(x), rng()), dict(t=1), dict(t=1)),
-            (f"tp={t}", lambda: tp(Tensor(x), rng(), None), dict(t=t), dict(t=t)),
-            (f"tp={t} + SP", lambda: sp(Tensor(x[:, lo:hi]), rng(), (s, lo, hi)), dict(t=t, s_r=hi - lo),
-             dict(t=t, sequence_parallel=True))]
+    def layer(**kw):
+        return TensorParallelGPT(GPT(cfg, seed=seed), tp_comm, **kw).transformer.h[0]
+
+    one, tp = GPT(cfg, seed=seed).transformer.h[0], layer()
+    sp, kept = layer(sequence_parallel=True), layer(sequence_parallel=True, sp_keep_gathered=True)
+    mine_sp, paper_sp = dict(t=t, s_r=hi - lo), dict(t=t, sequence_parallel=True)
+    rows = [("1 process", "1_process", lambda: one(Tensor(x), rng()), dict(t=1), dict(t=1)),
+            (f"tp={t}", f"tp{t}", lambda: tp(Tensor(x), rng(), None), dict(t=t), dict(t=t)),
+            (f"tp={t} + SP", f"tp{t}_SP", lambda: sp(Tensor(x[:, lo:hi]), rng(), (s, lo, hi)),
+             dict(mine_sp, regather=True), paper_sp),
+            ("  kept gathered", f"tp{t}_SP_keep_gathered", lambda: kept(Tensor(x[:, lo:hi]), rng(), (s, lo, hi)),
+             mine_sp, paper_sp)]
     say(f"\nactivation memory of one transformer layer, per rank (s={s} b={b} h={h} a={a} t={t}; "
         f"{cfg.dtype}, dropout {cfg.dropout})")
-    table, figures, ok = [], {}, True
-    for name, forward, mine, paper in rows:
+    table, figures, ok, largest, total = [], {}, True, {}, {}
+    for name, key, forward, mine, paper in rows:
         measured = measured_saved_bytes(forward)
         count = sum(engine_layer_elements(b, s, h, a, dropout=cfg.dropout > 0, **mine).values()) * item
         same = bool(common.mpi_reduce(tp_comm, float(measured != count)) == 0)
-        measured, count = common.mpi_reduce(tp_comm, [measured, count])
+        total[key] = common.mpi_reduce(tp_comm, float(measured), "sum")
+        measured, count = common.mpi_reduce(tp_comm, [measured, count])     # the largest rank's
+        largest[key] = measured
         ok &= same
         k = korthikanti_layer_bytes(s, b, h, a, **paper)
         table.append([name, fmt_bytes(measured), fmt_bytes(count), "equal" if same else "DIFFERENT", fmt_bytes(k),
                       f"{measured / k:.1f}x"])
-        key = name.replace(" + ", "_").replace("=", "").replace(" ", "_")
         figures.update({f"activation_bytes_layer_{key}_measured": measured,
                         f"activation_bytes_layer_{key}_engine_count": count,
                         f"activation_bytes_layer_{key}_korthikanti": k})
     harness.table(table, header=["", "measured", "this engine's count", "", "Korthikanti (16-bit)", "measured / paper"])
+    say("  (per rank: the largest over the ranks of the group; \"kept gathered\": TP + SP, --sp-keep-gathered)")
+    ok &= identity(largest, total, t, s, figures)
     say("  Korthikanti et al. 2022 per layer: 34sbh + 5as^2b (one process), 10sbh + 24sbh/t + 5as^2b/t (TP),\n"
         "  34sbh/t + 5as^2b/t (TP + SP), in bytes of 16-bit activations and 1-byte dropout masks. Here:")
     say(f"  - every saved array is {cfg.dtype} ({item} B an element), dropout masks too (the paper: 2 B, masks 1 B);")
@@ -70,9 +81,40 @@ def activation_table(cfg, b, tp_comm, seed):
         "    probabilities (the paper's 5as^2b bytes = 2 + 1 + 2); a layer norm saves its normalised input\n"
         "    and 1/std per token (2 b*s), not its input;")
     say("  - without dropout no masks are saved (the paper always counts them);")
-    say("  - under SP this engine keeps the all-gathered input of c_attn and c_fc whole (2 b*s*h per rank);\n"
-        "    Megatron keeps only its slice and gathers it again in backward, which is how it gets 34sbh/t.")
+    say("  - TP + SP: c_attn and c_fc keep only their rank's slice and gather it again in backward\n"
+        "    (Megatron's way): every array of the layer is cut by t, so the measured / paper column\n"
+        "    is the one-process row's, the dtype and mask-size factor alone;")
+    say("  - kept gathered: c_attn and c_fc keep the all-gathered input whole (2 b*s*h per rank),\n"
+        "    and the backward needs no re-gather: 2 all-gathers fewer per layer (the bytes above).")
     return ok, figures
+
+
+def identity(largest, total, t, s, figures):
+    """Korthikanti et al.'s identity, measured: TP + SP per rank times t is one process's
+    layer. Prints the ratio and its verdict for both SP variants; True when Megatron's holds
+    within 3% (the largest rank's slice where t divides s, the sum over ranks where not)."""
+    one = largest["1_process"]
+    sizes = np.diff(chunk_bounds(s, t))                       # the tokens of each rank (sequence_bounds)
+    even = len(set(sizes.tolist())) == 1
+    say(f"  TP + SP x t against one process (s={s} tokens over t={t}: "
+        + (f"{sizes[0]} per rank)" if even else f"uneven slices of {min(sizes)} to {max(sizes)} tokens)"))
+    key, kept_key = f"tp{t}_SP", f"tp{t}_SP_keep_gathered"
+    ratio, summed = t * largest[key] / one, total[key] / one
+    kept = t * largest[kept_key] / one
+    ok = abs(ratio - 1) <= 0.03 if even else abs(summed - 1) <= 0.03
+    say(f"    TP + SP        {t} x {fmt_bytes(largest[key])} = {ratio:.3f} x one process; "
+        f"summed over the ranks {summed:.3f} x")
+    say(f"    kept gathered  {t} x {fmt_bytes(largest[kept_key])} = {kept:.3f} x one process (the gathered inputs)")
+    say(f"    verdict: TP + SP x t within 3% of one process: "
+        + ("yes, the paper's identity holds" if ok else "NO, the identity does not hold"))
+    figures.update({"activation_layer_tp_sp_times_t_over_one_process": ratio,
+                    "activation_layer_tp_sp_summed_over_one_process": summed,
+                    "activation_layer_tp_sp_keep_gathered_times_t_over_one_process": kept})
+    if not even:
+        say("    uneven slices: the largest rank holds more than 1/t of the tokens, so t x the largest\n"
+            "    exceeds one process; the verdict reads the sum over the ranks instead")
+    return ok
+
 
 # ----------------------------------------------------------------------------- generation
 

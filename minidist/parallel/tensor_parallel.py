@@ -226,16 +226,20 @@ class ColumnParallelLinear(Module):
     """y_r = x @ W[:, my columns] + b[my columns]: this rank's columns of the output.
 
     The input enters through f (or the all-gather); the output stays split by columns,
-    ready for a local op (GELU, attention) and a row-parallel layer.
+    ready for a local op (GELU, attention) and a row-parallel layer. Under sequence
+    parallelism the input is this rank's tokens (B, T_r, in): the layer saves only them
+    and gathers them again in backward, or, with keep_gathered, saves the gathered
+    (B, T, in) and sends less (sequence_parallel.py weighs the two).
     """
 
-    def __init__(self, weight, bias, comm):
-        self.weight, self.bias, self.comm = weight, bias, comm
+    def __init__(self, weight, bias, comm, keep_gathered=False):
+        self.weight, self.bias, self.comm, self.keep_gathered = weight, bias, comm, keep_gathered
 
     def forward(self, x, sequence_parallel=False):
         if sequence_parallel:                                           # the all-gather, then local
-            x = enter_region(x, self.comm, sequence_parallel)          # (B, T, in) whole
-            return ops.linear(x, self.weight, self.bias)                # (B, T, out / t)
+            from minidist.parallel.sequence_parallel import gather_column_linear
+            return gather_column_linear(x, self.weight, self.bias, self.comm,
+                                        self.keep_gathered)             # (B, T, out / t)
         return _apply(ColumnParallelLinearFunction, x, self.weight, self.bias, self.comm)
 
 

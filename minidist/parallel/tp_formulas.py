@@ -45,7 +45,10 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, re
     - plain TP: all-reduces of b*s*h: 2 per layer forward (g) and 2 backward (f), one for
       the embedding (g) and one for the head's input (f); 3 of b*s for the loss;
     - sequence parallel: those 4L + 2 all-reduces become as many all-gathers plus as
-      many reduce-scatters along the sequence; the loss keeps its 3 all-reduces;
+      many reduce-scatters along the sequence; the loss keeps its 3 all-reduces; and
+      unless the model keeps the gathered inputs (sp_keep_gathered), c_attn and c_fc
+      all-gather their input again in backward: 2L more all-gathers (6 all-gathers and
+      4 reduce-scatters per layer);
     per step: under SP, one all-reduce of the replicated parameters' gradients; with
     clipping, one all-reduce of one float64 (the squared norm of the shards,
     TensorParallelSync.grad_norm_sq); with a
@@ -66,6 +69,7 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, re
         L = sum(hi - lo for lo, hi in (stage.ranges[s] for s in stage.stages))
         first, last, params = stage.first, stage.last, stage.parameters()
     n_big = 4 * L + first + last + 2 * recomputed_layers
+    regathers = 0 if model.sp_keep_gathered else 2 * L           # c_attn's and c_fc's, in backward
     out = {"all_reduce": [0, 0], "all_gather": [0, 0], "reduce_scatter": [0, 0]}
 
     def add(name, calls, elements, itemsize=item):
@@ -73,7 +77,8 @@ def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, re
         out[name][1] += elements * itemsize
 
     if model.sequence_parallel:
-        add("all_gather", k * n_big, k * n_big * ring_all_gather_sent(T, batch * C, t, r))
+        n_ag = n_big + regathers
+        add("all_gather", k * n_ag, k * n_ag * ring_all_gather_sent(T, batch * C, t, r))
         add("reduce_scatter", k * n_big, k * n_big * ring_reduce_scatter_sent(T, batch * C, t, r))
         n_rep = sum(p.size for n, p in model.named_parameters() if n not in model.specs)
         add("all_reduce", 1, ring_all_reduce_sent(n_rep, t, r))
@@ -123,49 +128,55 @@ def generation_feeds(prompt, n, block_size):
 
 LN = "layer norms: normalised input (2 x b*s*h)"
 LN_STD = "layer norms: 1/std per token (2 x b*s)"
-COL_IN = "c_attn, c_fc: input (2 x b*s*h, whole even under SP)"
+COL_IN = "c_attn, c_fc: input (2 x b*s*h; under SP 2 x b*s*h/t, or whole if kept gathered)"
 QKV = "attention: q/sqrt(hs), k, v (3 x b*s*h/t)"
 PROBS = "attention: probabilities (a*s^2*b/t)"
 MASKS = "dropout masks after attention and MLP (2 x b*s*h)"
 ATT_MASK = "attention dropout mask (a*s^2*b/t)"
 
 
-def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True):
+def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=False):
     """[(part, what, elements)]: the arrays one transformer layer saves for backward on one
     rank, in the order its forward saves them (fused.py, ops.py). part: "before", "core"
     or "after" the attention core (what selective recomputation reruns); what: the
     line of engine_layer_elements it counts in.
 
     t = 1: one process. s_r: this rank's tokens under sequence parallelism (None: plain
-    tensor parallelism, the residual stream whole on every rank). Weights a node saves
-    are parameters, not activations, and are not counted (minidist/context.py).
+    tensor parallelism, the residual stream whole on every rank). regather, under SP:
+    c_attn and c_fc save only this rank's tokens and gather them again in backward
+    (Megatron's way, TensorParallelGPT's default); False counts the keep-gathered
+    variant (sp_keep_gathered), whose column layers save the whole gathered input.
+    Weights a node saves are parameters, not activations, and are not counted
+    (minidist/context.py).
     """
     res = s if s_r is None else s_r                     # tokens of the residual stream here
+    col = s_r if (s_r is not None and regather) else s  # tokens c_attn and c_fc keep
     d = bool(dropout)
     saves = [("before", LN, b * res * h), ("before", LN_STD, b * res),         # ln_1
-             ("before", COL_IN, b * s * h),                                      # c_attn
+             ("before", COL_IN, b * col * h),                                    # c_attn
              ("core", QKV, 3 * b * s * h // t), ("core", PROBS, a * s * s * b // t),
              ("core", ATT_MASK, d * a * s * s * b // t),
              ("after", "attn.c_proj: input (b*s*h/t)", b * s * h // t),
              ("after", MASKS, d * b * res * h),                                  # resid_dropout
              ("after", LN, b * res * h), ("after", LN_STD, b * res),             # ln_2
-             ("after", COL_IN, b * s * h),                                       # c_fc
+             ("after", COL_IN, b * col * h),                                     # c_fc
              ("after", "GELU: input (4 b*s*h/t)", 4 * b * s * h // t),
              ("after", "mlp.c_proj: input (4 b*s*h/t)", 4 * b * s * h // t),
              ("after", MASKS, d * b * res * h)]                                  # mlp dropout
     return [x for x in saves if dropout or x[1] not in (MASKS, ATT_MASK)]
 
 
-def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True):
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=False):
     """Elements one transformer layer saves for backward on one rank, {what: elements},
-    engine_layer_saves added up line by line."""
+    engine_layer_saves added up line by line. With s_r = s/t and regather, every line is
+    1/t of one process's (t = 1): Korthikanti et al.'s identity, 34sbh/t + 5as^2b/t."""
     out = {}
-    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout):
+    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout, regather):
         out[what] = out.get(what, 0) + n
     return out
 
 
-def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None):
+def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None, regather=False):
     """The meter's peak over the forward and backward of n_layer blocks under a
     recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
 
@@ -181,7 +192,7 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
       checkpoint's q, k, v (the meter counts an array once per node that saves it).
     """
     from minidist.recompute import segments        # the same cut the policy makes
-    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout)
+    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout, regather)
     A = sum(n for _, _, n in saves)
     x = b * (s if s_r is None else s_r) * h
     L = n_layer

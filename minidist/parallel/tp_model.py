@@ -108,8 +108,8 @@ class TPError(ValueError):
 class ParallelAttention(Module):
     """nanoGPT's CausalSelfAttention with this rank's n_head / t heads."""
 
-    def __init__(self, full, take, comm):
-        self.c_attn = ColumnParallelLinear(take("c_attn.weight"), take("c_attn.bias"), comm)
+    def __init__(self, full, take, comm, keep_gathered=False):
+        self.c_attn = ColumnParallelLinear(take("c_attn.weight"), take("c_attn.bias"), comm, keep_gathered)
         self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
         self.n_head, self.dropout = full.n_head, full.dropout
         self.t, self.rank = comm.Get_size(), comm.Get_rank()
@@ -136,8 +136,8 @@ class ParallelAttention(Module):
 
 
 class ParallelMLP(Module):
-    def __init__(self, full, take, comm):
-        self.c_fc = ColumnParallelLinear(take("c_fc.weight"), take("c_fc.bias"), comm)
+    def __init__(self, full, take, comm, keep_gathered=False):
+        self.c_fc = ColumnParallelLinear(take("c_fc.weight"), take("c_fc.bias"), comm, keep_gathered)
         self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
         self.p = full.dropout.p
 
@@ -148,11 +148,11 @@ class ParallelMLP(Module):
 
 
 class ParallelBlock(Module):
-    def __init__(self, full, take, comm):
+    def __init__(self, full, take, comm, keep_gathered=False):
         self.ln_1 = full.ln_1                                          # replicated
-        self.attn = ParallelAttention(full.attn, lambda n: take("attn." + n), comm)
+        self.attn = ParallelAttention(full.attn, lambda n: take("attn." + n), comm, keep_gathered)
         self.ln_2 = full.ln_2
-        self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm)
+        self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm, keep_gathered)
 
     def forward(self, x, rng, seq=None, cache=None):
         x = x + self.attn(self.ln_1(x), rng, seq, cache)
@@ -174,15 +174,18 @@ class TensorParallelGPT(Module):
     Every rank builds the same single-process GPT from the seed and hands it here; each
     keeps its shards (`shard_specs`) and the replicated rest, under the same names.
     forward returns this rank's vocabulary columns of the logits and the whole loss.
+    sp_keep_gathered: under sequence parallelism, c_attn and c_fc save the gathered
+    input (no re-gather in backward) instead of this rank's slice (sequence_parallel.py).
     """
 
-    def __init__(self, full, comm, sequence_parallel=False):
+    def __init__(self, full, comm, sequence_parallel=False, sp_keep_gathered=False):
         cfg, t, r = full.config, comm.Get_size(), comm.Get_rank()
         if cfg.n_head % t:
             raise TPError(f"n_head ({cfg.n_head}) must be a multiple of the tensor-parallel size "
                           f"({t}): each rank takes whole heads")
         self.config, self.seed, self._calls = cfg, full.seed, 0
         self.comm, self.tp, self.tp_rank, self.sequence_parallel = comm, t, r, sequence_parallel
+        self.sp_keep_gathered = bool(sp_keep_gathered)
         self.specs = shard_specs(cfg, t)
         whole = dict(full.named_parameters())
         self.full_shapes = {n: tuple(p.shape) for n, p in whole.items()}
@@ -198,8 +201,8 @@ class TensorParallelGPT(Module):
         self.transformer = ModuleDict(
             wte=VocabParallelEmbedding(take("transformer.wte.weight"), self.lo),
             wpe=tr.wpe,
-            h=ModuleList([ParallelBlock(b, lambda n, i=i: take(f"transformer.h.{i}." + n), comm)
-                          for i, b in enumerate(tr.h)]),
+            h=ModuleList([ParallelBlock(b, lambda n, i=i: take(f"transformer.h.{i}." + n), comm,
+                                        self.sp_keep_gathered) for i, b in enumerate(tr.h)]),
             ln_f=tr.ln_f,
         )
         self.dropout = cfg.dropout

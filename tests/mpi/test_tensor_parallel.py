@@ -8,6 +8,9 @@ tensor, the loss of each step, every raw gradient of each step (after the gradie
 syncs, before clipping: a constant factor must not slip through) and every weight at the
 end, gathered whole, must equal the single-process run's: max_rel_diff <= 1e-10 in
 float64, the harness's tolerance in float32. Bytes each rank sends equal the formula.
+Sequence parallelism runs both ways: Megatron's (c_attn and c_fc keep their slice and
+gather it again in backward: 6 all-gathers and 4 reduce-scatters per layer) and
+keeping the gathered input (4 and 4).
 """
 import functools
 import zlib
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidist.comm import ProcessGrid, stats
+from minidist.comm import ProcessGrid, chunk_bounds, stats
 from minidist.data import shard_slice
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
@@ -74,13 +77,15 @@ def reference(dtype, dropout):
     return state
 
 
-def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0):
+def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0, keep_gathered=False):
     """Train the tensor-parallel model (x data parallel over the rest of the world).
 
     Returns (max_rel_diff over the world, the model, the grid, what this rank sent).
+    keep_gathered: under sp, the variant without the re-gather (sp_keep_gathered).
     """
     grid = ProcessGrid(tp=tp)
-    model = TensorParallelGPT(GPT(config(dtype, dropout), seed=SEED), grid.tp_comm, sequence_parallel=sp)
+    model = TensorParallelGPT(GPT(config(dtype, dropout), seed=SEED), grid.tp_comm, sequence_parallel=sp,
+                              sp_keep_gathered=keep_gathered)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
     sync = TensorParallelSync(model, dp=dp)                        # supplies the global norm
     rows = shard_slice(BATCH, grid.dp_rank, grid.dp)
@@ -127,6 +132,18 @@ def test_tp_times_dp_matches_one_process(tp, sp):
     want = step_bytes(model, BATCH // grid.dp, grid)
     got = {n: (sent[n]["calls"] // STEPS, sent.bytes_sent(n) // STEPS) for n in want}
     assert got == want, f"tp={tp} x dp={grid.dp}: measured (calls, bytes) per step {got}, formula {want}"
+
+
+@pytest.mark.parametrize("dropout", [0.1])                      # 0.0: test_bytes_per_rank_equal_the_formula
+def test_sp_keeping_the_gathered_input_matches_one_process(dropout):
+    """The naive variant (sp_keep_gathered: no re-gather in backward) gives the same numbers."""
+    rel, model, _, _, worst = run_tp(sp=True, dropout=dropout, keep_gathered=True)
+    assert model.sp_keep_gathered and all(m.keep_gathered for m in column_layers(model))
+    assert rel <= 1e-10, f"tp={WORLD}, sp kept gathered, dropout {dropout}: max_rel_diff {rel:.2e} ({worst})"
+
+
+def column_layers(model):
+    return [m for b in model.transformer.h for m in (b.attn.c_attn, b.mlp.c_fc)]
 
 
 def test_replicated_parameters_stay_identical_across_the_group():
@@ -192,13 +209,31 @@ def step_bytes(model, rows, grid=None):
     return expected_bytes(model, rows, T, dp_comm=None if grid is None else grid.dp_comm)
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
-def test_bytes_per_rank_equal_the_formula(sp):
-    _, model, _, sent, _ = run_tp(sp=sp)
+@pytest.mark.parametrize("sp,keep", [(False, False), (True, False), (True, True)],
+                         ids=["tp", "tp+sp", "tp+sp kept gathered"])
+def test_bytes_per_rank_equal_the_formula(sp, keep):
+    rel, model, _, sent, _ = run_tp(sp=sp, keep_gathered=keep)
+    assert rel <= 1e-10, f"sequence parallel {sp}, kept gathered {keep}: max_rel_diff {rel:.2e}"
     want = step_bytes(model, BATCH)
     got = {n: (sent[n]["calls"] // STEPS, sent.bytes_sent(n) // STEPS) for n in want}
     assert got == want, f"sequence parallel {sp}: measured (calls, bytes) per step {got}, formula {want}"
     assert set(n for n in sent if n != "check") == set(want), f"unexpected collectives: {sorted(sent)}"
+    if sp and WORLD > 1:
+        by_hand_sequence_collectives(model, sent, keep)
+
+
+def by_hand_sequence_collectives(model, sent, keep):
+    """Counted by hand, not by expected_bytes: per layer, forward and backward, 4 reduce-scatters
+    and 6 all-gathers with the re-gather (4 kept gathered); plus the embedding's and the head's
+    pair. Each all-gather sends b*s*h less its right neighbour's chunk of the sequence."""
+    L = model.config.n_layer
+    gathers, scatters = (4 if keep else 6) * L + 2, 4 * L + 2
+    calls = (sent["all_gather"]["calls"] // STEPS, sent["reduce_scatter"]["calls"] // STEPS)
+    assert calls == (gathers, scatters), (f"kept gathered {keep}: (all-gathers, reduce-scatters) per step "
+                                          f"{calls}, by hand {(gathers, scatters)}")
+    b, right = chunk_bounds(T, WORLD), (COMM.Get_rank() + 1) % WORLD
+    per_call = BATCH * (T - (b[right + 1] - b[right])) * 48 * 8           # all but my right neighbour's chunk
+    assert sent.bytes_sent("all_gather") // STEPS == gathers * per_call
 
 
 def test_no_collective_moves_the_logits(monkeypatch):

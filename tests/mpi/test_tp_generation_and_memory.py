@@ -8,8 +8,13 @@ vocabulary columns) within 1e-12 of that model's at every step in float64, past
 block_size too; padded vocabulary columns never win. Bytes sent equal the formula.
 Activation memory: the engine's meter, for one layer, equals this engine's count
 (tp_formulas.engine_layer_elements) for one process, tensor parallel and sequence
-parallel, with and without dropout, uneven sequence chunks included.
+parallel (both variants), with and without dropout, uneven sequence chunks included; and
+Korthikanti et al.'s identity holds as measured: the sequence-parallel layer (Megatron's,
+with the re-gather) summed over the ranks is the one-process layer exactly, and t times
+one rank's is within 3% of it (exactly where t divides the sequence).
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -126,25 +131,54 @@ def test_argmax_of_split_logits(case):
 # ----------------------------------------------------------------------------- activation memory of one layer
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_activation_meter_equals_the_engines_count(dropout):
-    cfg = config(dropout=dropout)
-    b, s, h, a = 3, T, cfg.n_embd, cfg.n_head
+def measured_layers(dropout, s=T):
+    """{case: (bytes the meter reads for one layer's forward on this rank, engine count args)}."""
+    cfg = dataclasses.replace(config(dropout=dropout), block_size=s)
+    b, h = 3, cfg.n_embd
     x = np.random.default_rng(0).standard_normal((b, s, h))
     lo, hi = sequence_bounds(s, COMM)
 
     def rng():
         return DropoutRNG(0, 0, range(b)) if dropout else None
 
-    one = GPT(cfg, seed=0).transformer.h[0]
-    tp = TensorParallelGPT(GPT(cfg, seed=0), COMM).transformer.h[0]
-    sp = TensorParallelGPT(GPT(cfg, seed=0), COMM, sequence_parallel=True).transformer.h[0]
+    def layer(**kw):
+        return TensorParallelGPT(GPT(cfg, seed=0), COMM, **kw).transformer.h[0]
+
+    one, tp = GPT(cfg, seed=0).transformer.h[0], layer()
+    sp, kept = layer(sequence_parallel=True), layer(sequence_parallel=True, sp_keep_gathered=True)
+    mine = x[:, lo:hi]
     cases = {"one process": (lambda: one(Tensor(x), rng()), dict(t=1)),
              "tp": (lambda: tp(Tensor(x), rng(), None), dict(t=WORLD)),
-             "tp+sp": (lambda: sp(Tensor(x[:, lo:hi]), rng(), (s, lo, hi)), dict(t=WORLD, s_r=hi - lo))}
-    for name, (forward, shape) in cases.items():
-        measured = measured_saved_bytes(forward)
+             "tp+sp": (lambda: sp(Tensor(mine), rng(), (s, lo, hi)), dict(t=WORLD, s_r=hi - lo, regather=True)),
+             "tp+sp kept gathered": (lambda: kept(Tensor(mine), rng(), (s, lo, hi)), dict(t=WORLD, s_r=hi - lo))}
+    return {name: (measured_saved_bytes(forward), shape) for name, (forward, shape) in cases.items()}, (b, s, h)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_meter_equals_the_engines_count(dropout):
+    a = config().n_head
+    cases, (b, s, h) = measured_layers(dropout)
+    for name, (measured, shape) in cases.items():
         count = sum(engine_layer_elements(b, s, h, a, dropout=dropout > 0, **shape).values()) * 8
         assert measured == count, f"{name}, t={WORLD}, dropout {dropout}: meter {measured} B, count {count} B"
         without_masks = sum(engine_layer_elements(b, s, h, a, dropout=False, **shape).values()) * 8
         assert (measured == without_masks) == (dropout == 0), f"{name}: the masks must show in the meter"
+
+
+@pytest.mark.parametrize("s", [T, 2 * T + 1], ids=["T", "2T+1"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_sequence_parallel_layer_is_one_process_over_t(dropout, s):
+    """Korthikanti et al.'s 34sbh/t + 5as^2b/t is the one-process layer over t: measured, the
+    re-gather layer summed over the ranks equals one process's exactly; t times this rank's
+    is within 3% of it, and exactly equal where t divides s (2T+1 is uneven from t = 2)."""
+    cases, _ = measured_layers(dropout, s)
+    one, mine = cases["one process"][0], cases["tp+sp"][0]
+    summed = COMM.allreduce(mine)
+    assert summed == one, f"t={WORLD}, s={s}, dropout {dropout}: TP + SP summed over ranks {summed} B, " \
+                          f"one process {one} B"
+    if s % WORLD == 0:                                   # every rank holds s/t tokens
+        ratio = WORLD * agree_max(mine) / one
+        assert abs(ratio - 1) <= 0.03, f"t={WORLD}, s={s}: t x the largest rank / one process = {ratio:.3f}"
+        assert WORLD * mine == one, f"t={WORLD}, s={s}: t x {mine} B, one process {one} B"
+    kept = COMM.allreduce(cases["tp+sp kept gathered"][0])
+    assert (kept == one) == (WORLD == 1), f"keeping the gathered inputs must cost more at t={WORLD}: {kept} B"
