@@ -7,6 +7,7 @@ micro-batches flow through them in a schedule; the run must equal one process.
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule interleaved --latency 0.25
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule zb-h1 --trace pipeline.json
     mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --dropout 0.1
+    mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --extra-layers last
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --pp 2 --json out.json
 
 The schedule is data (minidist/parallel/schedules.py): the lesson draws it, simulates it
@@ -19,7 +20,10 @@ point-to-point bytes (b*s*h per micro-batch per boundary each way). With --pp sm
 than the world, the other factor is data parallelism (ProcessGrid). --latency gives the
 simulator's messages a time (a fraction of one chunk's forward): the schedule is drawn and
 its bubble simulated with it, and the interleaved schedule is shown beside the same one
-without the factor 2 of its warm-up, which is what that factor buys.
+without the factor 2 of its warm-up, which is what that factor buys. Under zb-h1, B computes
+the input gradients and W the linears' weight gradients (a real split of the backward); the
+lesson times both, runs 1F1B on a copy of the model for the same steps, and prints each one's
+idle time per rank: the simulator's (with the measured F, B, W) first, then the run's.
 """
 import argparse
 import textwrap
@@ -34,8 +38,8 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel import schedules
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.pipeline_parallel import (PipelineGPT, PipelineParallel, expected_p2p_bytes,
-                                                 split_layers)
+from minidist.parallel.pipeline_parallel import (EXTRA_LAYERS, PipelineGPT, PipelineParallel,
+                                                 expected_p2p_bytes, split_layers)
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -122,7 +126,7 @@ def main(args):
     say(f"batch   global {args.batch_size} sequences" + (f" = {grid.dp} replicas x {per_dp}" if grid.dp > 1 else "")
         + f", {m} micro-batches of b={per_dp // m}")
     say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}\n")
-    stage_table(split_layers(cfg.n_layer, pp * v), pp, v, cfg.n_layer)
+    stage_table(split_layers(cfg.n_layer, pp * v, args.extra_layers), pp, v, cfg.n_layer)
 
     # --- the schedule as data: the picture and the simulator
     sim = schedules.simulate(sched, pp, m, v)
@@ -142,7 +146,7 @@ def main(args):
     # --- the pipeline run
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    model = PipelineGPT(GPT(cfg, seed=args.seed), pp, grid.pp_rank, v)
+    model = PipelineGPT(GPT(cfg, seed=args.seed), pp, grid.pp_rank, v, args.extra_layers)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
     runner = PipelineParallel(model, grid.pp_comm, args.schedule, m, dp)
     opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
@@ -197,6 +201,8 @@ def main(args):
         + ("" if late is None else f"; simulated with latency {args.latency:g}: {float(late.bubble):.4f}"))
     say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages\n"
         "  take time")
+    zb_figures = zero_bubble_report(runner, grid, comm, cfg, args, tc, data, rows, m) \
+        if args.schedule == "zb-h1" else {}
 
     # --- activations alive at once, measured beside the simulator
     peaks = common.mpi_reduce(comm, [runner.peak_live if r == comm.Get_rank() else 0 for r in range(world)], "max")
@@ -258,6 +264,7 @@ def main(args):
     if late is not None:
         figures.update({"latency_chunk_forwards": args.latency, "bubble_simulated_latency": float(late.bubble)},
                        **factor_figures)
+    figures.update(zb_figures)
     for r in range(world):
         figures[f"peak_live_simulated_rank{r}"] = want_peaks[r]
         figures[f"peak_live_measured_rank{r}"] = peaks[r]
@@ -280,6 +287,78 @@ def main(args):
     if not bytes_ok:
         say("\nthe bytes sent differ from b*s*h per micro-batch per boundary: a message too many, or of the wrong size")
     return harness.finish(report, args)
+
+
+def step_idle(runner, pp_comm):
+    """Each step's idle seconds of this rank: the pipeline's span (first start to last end,
+    over the ranks of this pipeline, one clock per node) less this rank's busy time."""
+    out = []
+    for events in runner.history:
+        ev = np.array([(t0, t1) for *_, t0, t1 in events], dtype=np.float64)
+        ends = np.empty(2 * pp_comm.Get_size(), dtype=np.float64)
+        pp_comm.Allgather(np.array([ev[:, 0].min(), -ev[:, 1].max()]), ends)   # the report's own message
+        span = -ends[1::2].min() - ends[0::2].min()
+        out.append(span - float((ev[:, 1] - ev[:, 0]).sum()))
+    return out
+
+
+def zero_bubble_report(runner, grid, comm, cfg, args, tc, data, rows, m):
+    """ZB-H1 measured: each rank's median F, B and W, then its idle time per step beside
+    1F1B's (run again on a copy of the model, same steps and batches) and beside the
+    simulator's, which runs both schedules with the measured times (averaged over ranks)."""
+    world, pp, r = comm.Get_size(), grid.pp, comm.Get_rank()
+
+    def per_rank(x):                                    # one number from every rank, on all
+        return [float(y) for y in np.atleast_1d(common.mpi_reduce(
+            comm, [x if k == r else 0.0 for k in range(world)], "max"))]
+
+    model = PipelineGPT(GPT(cfg, seed=args.seed), pp, grid.pp_rank, 1, args.extra_layers)
+    dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
+    ofob = PipelineParallel(model, grid.pp_comm, "1f1b", m, dp)
+    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    common.train_and_collect(model, opt, data, args, tc, rows, m, ofob)
+    ms = {op: per_rank(1e3 * float(np.median(runner.durations[op]))) for op in "FBW"}
+    ms1 = {op: per_rank(1e3 * float(np.median(ofob.durations[op]))) for op in "FB"}
+    idle = per_rank(1e3 * float(np.median(step_idle(runner, grid.pp_comm))))
+    idle1 = per_rank(1e3 * float(np.median(step_idle(ofob, grid.pp_comm))))
+    F, B, W = (float(np.mean(ms[op])) for op in "FBW")
+    costs = tuple(Fraction(x).limit_denominator(10 ** 6) for x in (F, B + W, W))
+    sims = {name: schedules.simulate(schedules.build(name, pp, m), pp, m, costs=costs) for name in ("zb-h1", "1f1b")}
+    sim_idle = {name: [float(x.total - x.busy[grid.coords(k)[1]]) for k in range(world)] for name, x in sims.items()}
+    n = len(runner.history)
+    say(f"\nzero bubble, measured: ms per action, medians over {m} micro-batches x {n} steps. ZB-H1's B\n"
+        "computes the input gradients only, its W the linears' weight gradients; 1F1B ran the same\n"
+        "steps on a copy of the model, its B the whole backward")
+    label = [f"rank {k}" + ("" if grid.dp == 1 else f" (stage {grid.coords(k)[1]})") for k in range(world)]
+    harness.table([[label[k], f"{ms['F'][k]:.2f}", f"{ms['B'][k]:.2f}", f"{ms['W'][k]:.2f}",
+                    f"{ms['B'][k] + ms['W'][k]:.2f}", f"{ms1['F'][k]:.2f}", f"{ms1['B'][k]:.2f}"]
+                   for k in range(world)],
+                  header=["", "F", "B", "W", "B + W", "1F1B F", "1F1B B"])
+    say(f"idle ms per rank and step: the simulator first, fed the measured F = {F:.2f}, B = {B:.2f},\n"
+        f"W = {W:.2f} (means over ranks), then the run (median over the {n} steps)")
+    harness.table([[label[k], f"{sim_idle['zb-h1'][k]:.2f}", f"{idle[k]:.2f}", f"{sim_idle['1f1b'][k]:.2f}",
+                    f"{idle1[k]:.2f}"] for k in range(world)],
+                  header=["", "ZB-H1 simulated", "ZB-H1 measured", "1F1B simulated", "1F1B measured"])
+    zb, ob = (pp - 1) * (F + B - W), (pp - 1) * (F + B + W)
+    say(f"  formula (Qi et al.): ZB-H1 (p-1)(F+B-W) = {pp - 1} x ({F:.2f} + {B:.2f} - {W:.2f}) = {zb:.2f} ms;\n"
+        f"  1F1B (p-1)(F+B+W) = {ob:.2f} ms. Measured ZB-H1 {float(np.median(idle)):.2f}, "
+        f"1F1B {float(np.median(idle1)):.2f} (medians over ranks)")
+    say(f"  measured idle is noisy here, and larger: {world} ranks share {_cores()} cores, so a rank waiting\n"
+        "  in MPI spins on a core another rank needs, and the time between actions (the exchange,\n"
+        "  Python) counts as idle. The simulator leaves both out; the formula also assumes m >= p\n"
+        "  and equal stages")
+    out = {"zb_idle_formula_ms": zb, "oneFoneB_idle_formula_ms": ob}
+    for k in range(world):
+        out.update({f"zb_F_ms_rank{k}": ms["F"][k], f"zb_B_ms_rank{k}": ms["B"][k], f"zb_W_ms_rank{k}": ms["W"][k],
+                    f"zb_idle_simulated_ms_rank{k}": sim_idle["zb-h1"][k], f"zb_idle_measured_ms_rank{k}": idle[k],
+                    f"oneFoneB_idle_simulated_ms_rank{k}": sim_idle["1f1b"][k],
+                    f"oneFoneB_idle_measured_ms_rank{k}": idle1[k]})
+    return out
+
+
+def _cores():
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def _cells(t):
@@ -355,6 +434,10 @@ def build_parser():
     p.add_argument("--chunks", type=harness.positive_int, metavar="V",
                    help="model chunks per rank for --schedule interleaved only (default 2)")
     p.add_argument("--pp", type=harness.positive_int, help="pipeline stages (default: the world size)")
+    p.add_argument("--extra-layers", choices=EXTRA_LAYERS, default="first",
+                   help="when the layers do not divide evenly, which stages take one more: the first ones "
+                        "(default) or the last ones, sparing stage 0 (it holds the embedding and, under 1F1B, "
+                        "p micro-batches' activations)")
     p.add_argument("--latency", type=latency_value, metavar="F",
                    help="give each message between ranks the time of F chunk forwards (0.25: a quarter of one; "
                         f"more than 0, at most {MAX_LATENCY}) in the picture and the simulated bubble; with "
