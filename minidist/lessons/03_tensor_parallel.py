@@ -81,7 +81,7 @@ def layer_picture(model, cfg):
 
 def collectives_table(model, cfg, b, sp, clip):
     """The collectives of one micro-batch (and one step) in words, with elements per call."""
-    T, C, L, t = cfg.block_size, cfg.n_embd, cfg.n_layer, model.tp
+    T, C, t = cfg.block_size, cfg.n_embd, model.tp
     bsh = f"b*s*h = {b}*{T}*{C} = {b * T * C:,}"
     pair = ("in: all-gather forward (reduce-scatter backward); out: reduce-scatter forward (all-gather backward)"
             if sp else "in: f, nothing forward (all-reduce backward); out: g, all-reduce forward (nothing backward)")
@@ -111,7 +111,7 @@ def collectives_table(model, cfg, b, sp, clip):
                  "2 all-reduces forward + 2 backward")
     n = 10 if regather else 8
     say(f"  per transformer layer: {per_layer}:\n"
-        f"  {n} b*s*h (t-1)/t = {n * b * T * C * (t - 1) // t:,} elements sent per rank, {L} layers "
+        f"  {n} b*s*h (t-1)/t = {n * b * T * C * (t - 1) // t:,} elements sent per rank "
         "(docs/reference.md#tensor-parallelism)")
 
 

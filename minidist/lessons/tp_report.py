@@ -72,7 +72,7 @@ def activation_table(cfg, b, tp_comm, seed):
                         f"activation_bytes_layer_{key}_engine_count": count,
                         f"activation_bytes_layer_{key}_korthikanti": k})
     harness.table(table, header=["", "measured", "this engine's count", "", "Korthikanti (16-bit)", "measured / paper"])
-    say("  (per rank: the largest over the ranks of the group; \"kept gathered\": TP + SP, --sp-keep-gathered)")
+    say("  (per rank: the largest rank's; \"kept gathered\": TP + SP with --sp-keep-gathered)")
     ok &= identity(largest, total, t, s, figures)
     say("  Korthikanti et al. 2022 per layer: 34sbh + 5as^2b (one process), 10sbh + 24sbh/t + 5as^2b/t (TP),\n"
         "  34sbh/t + 5as^2b/t (TP + SP), in bytes of 16-bit activations and 1-byte dropout masks. Here:")
@@ -105,14 +105,15 @@ def identity(largest, total, t, s, figures):
     say(f"    TP + SP        {t} x {fmt_bytes(largest[key])} = {ratio:.3f} x one process; "
         f"summed over the ranks {summed:.3f} x")
     say(f"    kept gathered  {t} x {fmt_bytes(largest[kept_key])} = {kept:.3f} x one process (the gathered inputs)")
-    say(f"    verdict: TP + SP x t within 3% of one process: "
+    read = "TP + SP x t" if even else "TP + SP summed over the ranks"
+    say(f"    verdict: {read} within 3% of one process: "
         + ("yes, the paper's identity holds" if ok else "NO, the identity does not hold"))
     figures.update({"activation_layer_tp_sp_times_t_over_one_process": ratio,
                     "activation_layer_tp_sp_summed_over_one_process": summed,
                     "activation_layer_tp_sp_keep_gathered_times_t_over_one_process": kept})
     if not even:
-        say("    uneven slices: the largest rank holds more than 1/t of the tokens, so t x the largest\n"
-            "    exceeds one process; the verdict reads the sum over the ranks instead")
+        say("    (uneven slices: the largest rank holds more than 1/t of the tokens, so t x the largest\n"
+            "    exceeds one process; the verdict reads the sum over the ranks instead)")
     return ok
 
 

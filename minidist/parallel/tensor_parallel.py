@@ -27,7 +27,8 @@ logit -inf, so they never touch the loss, the gradients or the chosen tokens.
 
 The files of tensor parallelism, each one layer of the story:
     tensor_parallel.py    this file: the communication Functions and the parallel layers
-    sequence_parallel.py  the all-gather / reduce-scatter pair that replaces f and g
+    sequence_parallel.py  the all-gather / reduce-scatter pair that replaces f and g, and the
+                          column-parallel linear fused with the all-gather (keeps the slice)
     tp_model.py           the GPT cut into shards, gathered back; the training step's slot
     tp_formulas.py        bytes and activation memory per rank, the lesson's formulas
 """
