@@ -9,6 +9,10 @@ attention) live in minidist/fused.py and are re-exported here, so `ops.gelu`,
 `ops.layer_norm_backward`, ... work as before. `matmul_backward` is the first exercise
 of lessons/exercises/00_autograd.py; the other three are in fused.py.
 
+Linear and MatMul also split their backward for zero-bubble pipelines: WEIGHT_INPUTS
+names the operands whose gradient may wait, backward_weight computes one of them later
+(minidist.tensor.deferred_weight_grads).
+
 Speed notes: float32 stays float32 (python scalars do not upcast under NumPy 2);
 matrix products against a 2-D weight run as one big (B*T, C) GEMM.
 """

@@ -32,8 +32,9 @@ The matching W runs those kept products (`run_weight_grads`): x^T grad for each 
 the row sum of grad for each bias, added into .grad in the order the plain backward adds
 them. Layer norm, the embeddings and the tied head (x @ wte.T, reached through a
 transpose) stay whole in B: small next to the linears' GEMMs, which are most of W.
-`durations` keeps every action's time over the steps, for the lesson's medians.
+`history` keeps the last steps' action times, for the lesson's medians.
 """
+import collections
 import contextlib
 import time
 
@@ -49,6 +50,9 @@ from minidist.optim import grad_norm_sq
 from minidist.parallel import schedules
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor, deferred_weight_grads, run_weight_grads
+
+
+HISTORY = 64                # steps whose action times the executor keeps (lesson 04's medians)
 
 
 class PipelineError(ValueError):
@@ -210,8 +214,7 @@ class PipelineParallel:
             group = comm.Split(0 if ends else MPI.UNDEFINED, comm.Get_rank())
             self.embed_comm = group if ends else None
         self.events, self.peak_live = [], 0
-        self.durations = {op: [] for op in schedules.OPS}   # seconds per action, every step
-        self.history = []                           # every step's events
+        self.history = collections.deque(maxlen=HISTORY)   # the last steps' events
 
     # -- where messages go
     def _neighbour(self, c, step):
@@ -285,7 +288,6 @@ class PipelineParallel:
                 run_weight_grads(held.pop((mb, c)))
                 live -= 1                           # what W held (saved inputs, output grads) is freed
             self.events.append((op, mb, c, t0, time.perf_counter()))   # one clock for all ranks of a node
-            self.durations[op].append(self.events[-1][4] - t0)
         self.history.append(self.events)
         for req, _ in pending:                      # every send completes before the step ends
             with waiting("pipeline sends of this step"):
@@ -293,6 +295,15 @@ class PipelineParallel:
         # the loss lives on the last stage; every stage reports it (one float64)
         last = schedules.place(n - 1, model.p)[0]
         return float(broadcast(self.comm, np.array([total]), root=last)[0])
+
+    @property
+    def durations(self):
+        """{op: [seconds of each such action]} over the steps in `history`."""
+        out = {op: [] for op in schedules.OPS}
+        for events in self.history:
+            for op, _, _, t0, t1 in events:
+                out[op].append(t1 - t0)
+        return out
 
     # -- after the backwards
     def backward_context(self, last):
