@@ -162,12 +162,15 @@ class MatMul(Function):
     def backward(ctx, grad):
         a, b = ctx.saved
         need_a, need_b = ctx.needs_input_grad
-        if a.ndim >= 2 and b.ndim >= 2:
-            return (matmul_grad_a(b, grad, a.shape) if need_a else None,
-                    matmul_grad_b(a, grad, b.shape) if need_b else None)
-        a2, b2, grad = _as_matrices(a, b, grad)
-        return (matmul_grad_a(b2, grad, a2.shape).reshape(a.shape) if need_a else None,
-                matmul_grad_b(a2, grad, b2.shape).reshape(b.shape) if need_b else None)
+        a2, b2, grad = _as_matrices(a, b, grad) if min(a.ndim, b.ndim) < 2 else (a, b, grad)
+        if need_a and need_b:                # exercise 0.1's function, looked up when it runs
+            ga, gb = matmul_backward(a2, b2, grad)
+        else:
+            ga = matmul_grad_a(b2, grad, a2.shape) if need_a else None
+            gb = matmul_grad_b(a2, grad, b2.shape) if need_b else None
+        if min(a.ndim, b.ndim) < 2:
+            return (None if ga is None else ga.reshape(a.shape)), (None if gb is None else gb.reshape(b.shape))
+        return ga, gb
 
     @staticmethod
     def backward_weight(ctx, grad, i):
@@ -197,8 +200,11 @@ class Linear(Function):
     def backward(ctx, grad):
         x, w = ctx.saved
         needs = ctx.needs_input_grad
-        gx = matmul_grad_a(w, grad, x.shape) if needs[0] else None
-        gw = matmul_grad_b(x, grad, w.shape) if needs[1] else None
+        if needs[0] and needs[1]:            # exercise 0.1's function, looked up when it runs
+            gx, gw = matmul_backward(x, w, grad)
+        else:
+            gx = matmul_grad_a(w, grad, x.shape) if needs[0] else None
+            gw = matmul_grad_b(x, grad, w.shape) if needs[1] else None
         if len(needs) == 3:
             return gx, gw, (grad.reshape(-1, grad.shape[-1]).sum(axis=0) if needs[2] else None)
         return gx, gw

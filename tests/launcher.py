@@ -42,3 +42,15 @@ def mpirun_cmd(n):
     if not HAVE:
         pytest.skip(NO_LAUNCHER)
     return [*MPIRUN, "-n", str(n)]
+
+
+def our_lines(text):
+    """The non-empty lines the job itself printed: without the launcher's own report of a
+    non-zero exit (Open MPI frames it between lines of dashes; MPICH adds none)."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if set(line.strip()) == {"-"} and len(line.strip()) >= 40:
+            inside = not inside
+        elif not inside and line.strip():
+            lines.append(line)
+    return lines

@@ -139,7 +139,8 @@ def test_a_world_size_that_does_not_fit_gets_one_command_that_works(lesson, n, f
     small = ["--steps", "1"]
     proc = mpirun_lesson(lesson, flags + small, n=n)
     assert_refused_once(proc, message)
-    hint = proc.stderr.split("this works: ")[1].split()
+    said = next(line for line in proc.stderr.splitlines() if "this works: " in line)
+    hint = said.split("this works: ")[1].split()
     assert hint[:2] == ["mpirun", "-n"] and hint[3:6] == ["python", "-m", f"minidist.lessons.{lesson}"], hint
     fixed = mpirun_lesson(lesson, hint[6:], n=int(hint[2]))
     assert fixed.returncode == 0 and "verdict: MATCH" in fixed.stdout, fixed.stdout[-1500:] + fixed.stderr[-1500:]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import MPIRUN, mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+from launcher import MPIRUN, mpirun_cmd, needs_mpirun, our_lines  # MINIDIST_MPIRUN, or the .venv's mpirun
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = ROOT / "tests" / "planted"
@@ -188,7 +188,7 @@ def test_bad_flags_under_mpirun_are_one_line_once_and_exit_2():
                                str(PLANTED / "01_good_student.py")],
                               capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
         assert proc.returncode == 2, proc.stdout + proc.stderr
-        lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+        lines = our_lines(proc.stdout + proc.stderr)
         assert len(lines) == 1 and "error:" in lines[0], lines
         assert "might wait" not in proc.stderr
 
