@@ -248,14 +248,19 @@ def test_korthikanti_formulas_by_hand():
 
 def test_engine_count_splits_as_the_paper_does():
     """This engine's elements per layer: 18 sbh + 2 sb + 2 as^2b with dropout in one process;
-    6 sbh + 12 sbh/t (+ the rest) under TP, as the paper's 10 sbh + 24 sbh/t is split."""
+    6 sbh + 12 sbh/t (+ the rest) under TP, as the paper's 10 sbh + 24 sbh/t is split; all of it
+    over t under TP + SP."""
     from minidist.parallel.tp_formulas import engine_layer_elements
     b, s, h, a, t = 2, 8, 48, 24, 4
     sbh, sb, as2b = s * b * h, s * b, a * s * s * b
     assert sum(engine_layer_elements(b, s, h, a).values()) == 18 * sbh + 2 * sb + 2 * as2b
     assert sum(engine_layer_elements(b, s, h, a, dropout=False).values()) == 16 * sbh + 2 * sb + as2b
     assert sum(engine_layer_elements(b, s, h, a, t=t).values()) == 6 * sbh + 12 * sbh // t + 2 * sb + 2 * as2b // t
+    # sequence parallelism, Megatron's way (c_attn and c_fc keep the slice): the whole layer over t
     assert sum(engine_layer_elements(b, s, h, a, t=t, s_r=s // t).values()) == \
+        (18 * sbh + 2 * sb + 2 * as2b) // t
+    # --sp-keep-gathered: c_attn's and c_fc's inputs stay whole, 2 sbh of them
+    assert sum(engine_layer_elements(b, s, h, a, t=t, s_r=s // t, regather=False).values()) == \
         2 * sbh + 16 * sbh // t + 2 * sb // t + 2 * as2b // t
 
 

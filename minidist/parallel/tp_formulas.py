@@ -135,7 +135,7 @@ MASKS = "dropout masks after attention and MLP (2 x b*s*h)"
 ATT_MASK = "attention dropout mask (a*s^2*b/t)"
 
 
-def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=False):
+def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
     """[(part, what, elements)]: the arrays one transformer layer saves for backward on one
     rank, in the order its forward saves them (fused.py, ops.py). part: "before", "core"
     or "after" the attention core (what selective recomputation reruns); what: the
@@ -166,7 +166,7 @@ def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=False):
     return [x for x in saves if dropout or x[1] not in (MASKS, ATT_MASK)]
 
 
-def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=False):
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
     """Elements one transformer layer saves for backward on one rank, {what: elements},
     engine_layer_saves added up line by line. With s_r = s/t and regather, every line is
     1/t of one process's (t = 1): Korthikanti et al.'s identity, 34sbh/t + 5as^2b/t."""
@@ -176,7 +176,7 @@ def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=Fals
     return out
 
 
-def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None, regather=False):
+def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None, regather=True):
     """The meter's peak over the forward and backward of n_layer blocks under a
     recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
 
