@@ -65,7 +65,7 @@ class RingAllReduce:
         self.src = _flat(x)
         self.out = np.empty_like(self.src)
         self.bounds = chunk_bounds(self.src.size, self.size)
-        self.step, self.n_steps = 0, 2 * (self.size - 1)
+        self.step, self.n_steps = 0, self.steps_in(self.size)
         self.requests = []                        # the Isend/Irecv of the step in flight
         self.recv_c = None
         stats.add(self.name, calls=1)
@@ -80,6 +80,11 @@ class RingAllReduce:
         if self._check is None or self._finish_check(wait=False):
             if self._error is None:
                 self.test()                       # post the first step right away
+
+    @staticmethod
+    def steps_in(n):
+        """Ring steps of the whole all-reduce: N-1 reduce-scatter, N-1 all-gather."""
+        return 2 * (n - 1)
 
     def _chunk(self, a, c):
         return a[self.bounds[c]:self.bounds[c + 1]]
@@ -178,9 +183,15 @@ class RingReduceScatter(RingAllReduce):
     "reduce_scatter"."""
     name = "reduce_scatter"
 
+    @staticmethod
+    def steps_in(n):
+        """The first phase only. (Known before the first test() in __init__: set after it,
+        a partner already waiting let that test() run on into all-gather steps, sending
+        bytes the reduce-scatter does not send, seen under Open MPI.)"""
+        return n - 1
+
     def __init__(self, comm, x, op="sum", tag=None, check=True):
         super().__init__(comm, x, op, tag, check)
-        self.n_steps = self.size - 1
         if self.size == 1:
             self._complete()
 
