@@ -144,14 +144,19 @@ def test_planted_03_bugs_fail_and_the_stubs_are_todo(tmp_path):
     assert_rows(proc, run, ALL_03, 10, deadlock=False)
 
 
-def test_a_divisor_written_into_the_code_fails_at_4_ranks(tmp_path):
-    """`/ 4` is the mean at -n 4: exercise 2.1 is also checked on groups of 3 ranks and of 1."""
-    expected = {"02_divide_by_4.py": {"2.1": "(divide by comm.Get_size(), not by a number written in the code)"},
-                "02_good_student.py": {"2.1": None}}
-    proc, run = grade(4, [PLANTED / f for f in expected], "02", 10, tmp_path, "--only", "2.1", "--")
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_divisor_written_into_the_code_fails_with_its_hint_at_3_and_4_ranks(tmp_path, ranks):
+    """`/ 4` is the mean at -n 4 only: exercise 2.1 is also checked on groups of N-1 ranks and
+    of 1; at -n 3 the world's own mean is wrong, and the message names the divisor."""
+    hint = "divide by comm.Get_size(), not by a number written in the code)"
+    expected = {"02_divide_by_4.py": {"2.1": hint}, "02_good_student.py": {"2.1": None}}
+    proc, run = grade(ranks, [PLANTED / f for f in expected], "02", 10, tmp_path, "--only", "2.1", "--")
     assert_rows(proc, run, expected, 10, deadlock=False)
     bad = run["results"][0]["message"]     # the group of 3 (ranks 0-2) or rank 3 alone: whichever failed first
-    assert "in a group of 3 ranks" in bad or "rank 3 alone" in bad, bad
+    if ranks == 4:
+        assert "in a group of 3 ranks" in bad or "rank 3 alone" in bad, bad
+    else:
+        assert "(the sum divided by 4, not by the 3 ranks: divide by comm.Get_size()" in bad, bad
 
 
 def test_a_class_of_two_at_4_ranks_into_one_json(tmp_path):

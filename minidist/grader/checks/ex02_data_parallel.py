@@ -87,7 +87,11 @@ def _check_mean(fn, s, members, where, seed=100, dtype=np.float64, kept=None):
         tol = TOL[np.dtype(dtype)]
         if want.size and np.max(np.abs(got - want)) > tol * max(float(np.max(np.abs(want))), 1.0):
             j = np.unravel_index(np.argmax(np.abs(got - want)), g.shape)
+            k = round(float(want[j] * n / got[j])) if got[j] != 0 else 0      # the sum / k, k != N?
+            by_k = n > 1 and 1 < k <= 1024 and k != n and np.allclose(got * k, want * n, rtol=1e-4)
             hint = (" (the sum: did you divide by N?)" if np.isclose(got[j], want[j] * n) else
+                    f" (the sum divided by {k}, not by the {n} ranks: divide by comm.Get_size(), not by a "
+                    "number written in the code)" if by_k else
                     " (this rank's own gradient: no message went out?)" if n > 1 and np.isclose(got[j], g[j]) else
                     " (divide by comm.Get_size(), not by a number written in the code)" if where else "")
             raise AssertionError(f"rank {me}{where}: gradient {i}{list(map(int, j))} ({what}) is {got[j]:.6f}, "
