@@ -77,17 +77,21 @@ GRADED_AT = 5    # the course map grades exercises at 3 and 4 ranks (the rings, 
 def pytest_collection_modifyitems(config, items):
     """The grader's checks of exercises 02-08 run up to GRADED_AT ranks: above that they
     repeat what smaller worlds showed, at eight ranks' cost on two cores. (Exercise 01's
-    rings run at 8, where some ranks' chunks are empty.)"""
+    rings run at 8, where some ranks' chunks are empty.) A test file that sets UP_TO_RANKS
+    (and WHY, the reason) runs up to that world size: eight ranks add nothing it checks
+    that 3 and 4 did not, and cost the most on a small machine."""
     if not _under_mpi(config):
         return
     from mpi4py import MPI
-    if MPI.COMM_WORLD.Get_size() <= GRADED_AT:
-        return
-    skip = pytest.mark.skip(reason=f"grader checks are tested up to {GRADED_AT} ranks (tests/mpi/conftest.py)")
+    size = MPI.COMM_WORLD.Get_size()
+    graded = pytest.mark.skip(reason=f"grader checks are tested up to {GRADED_AT} ranks (tests/mpi/conftest.py)")
     for item in items:
         name = item.path.name
-        if name.startswith("test_checks0") and name != "test_checks01.py":
-            item.add_marker(skip)
+        if size > GRADED_AT and name.startswith("test_checks0") and name != "test_checks01.py":
+            item.add_marker(graded)
+        limit = getattr(item.module, "UP_TO_RANKS", None)
+        if limit is not None and size > limit:
+            item.add_marker(pytest.mark.skip(reason=f"{name} runs up to {limit} ranks: {item.module.WHY}"))
 
 
 def pytest_collectreport(report):

@@ -27,6 +27,8 @@ from minidist.parallel.zero import expected_sent, paper_sent, reference_slice
 from sharded_setup import ACCUM, BATCH, Setup
 
 pytestmark = pytest.mark.mpi
+UP_TO_RANKS = 4
+WHY = "the units, partitions (uneven at 3) and the ring are those of 3 and 4 ranks"
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
