@@ -26,6 +26,7 @@ lesson times both, runs 1F1B on a copy of the model for the same steps, and prin
 idle time per rank: the simulator's (with the measured F, B, W) first, then the run's.
 """
 import argparse
+import os
 import textwrap
 from fractions import Fraction
 
@@ -199,8 +200,11 @@ def main(args):
         f" ({bubble_formula}),\n  measured {meas_b:.3f}"
         + ("; simulated = formula" if exact else "; the formula assumes m >= p" if m < pp else "")
         + ("" if late is None else f"; simulated with latency {args.latency:g}: {float(late.bubble):.4f}"))
+    cores = os.cpu_count() or 1
     say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages\n"
-        "  take time")
+        "  take time" + (f"; and here {comm.Get_size()} ranks share {cores} cores, so a rank waiting in MPI\n"
+                         "  takes a core from one that computes: read the simulated column first"
+                         if comm.Get_size() > cores else ""))
     zb_figures = zero_bubble_report(runner, grid, comm, cfg, args, tc, data, rows, m) \
         if args.schedule == "zb-h1" else {}
 
