@@ -22,11 +22,12 @@ from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce,
                                        ring_all_reduce, ring_reduce_scatter)
 from minidist.comm.grid import GridError, ProcessGrid
 from minidist.comm.nonblocking import RingAllReduce, ring_all_reduce_start
-from minidist.comm.p2p import all_to_all, recv, send
+from minidist.comm.p2p import all_to_all, all_to_all_v, recv, send
 
 watchdog.start()
 
 __all__ = ["stats", "agree", "MismatchError", "GridError", "ProcessGrid", "all_reduce",
            "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "naive_all_reduce",
            "recursive_doubling_all_reduce", "mpi_all_reduce", "broadcast", "reduce",
-           "all_to_all", "send", "recv", "ring_all_reduce_start", "RingAllReduce", "chunk_bounds"]
+           "all_to_all", "all_to_all_v", "send", "recv", "ring_all_reduce_start", "RingAllReduce",
+           "chunk_bounds"]

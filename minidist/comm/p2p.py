@@ -10,12 +10,18 @@ below 20000; the collectives keep the tags above for themselves.
 all_to_all: chunk j of numpy.array_split(x, N, axis) goes to rank j; each rank joins
 what it received in rank order. N-1 pairwise steps: at step k send to rank+k while
 receiving from rank-k. Each rank sends (N-1)/N * M (docs/reference.md).
+
+all_to_all_v: the same pairwise schedule for chunks of any lengths, as expert
+parallelism needs (each rank sends each expert's owner however many tokens chose it).
+Every rank first tells each partner how many rows are coming (one int64 per pair,
+counted under "check"), then the rows travel. Each rank sends the sum over
+destinations j != rank of its chunk j's bytes: rows_j x row size x itemsize.
 """
 import numpy as np
 
 from minidist.comm import stats
-from minidist.comm.checks import (DESC_LEN, PROBLEMS, describe, dtype_of, exchange, kind_code,
-                                  local_problem, shape_of)
+from minidist.comm.checks import (DESC_LEN, PROBLEMS, MismatchError, describe, dtype_of, exchange,
+                                  kind_code, local_problem, post, shape_of, verify)
 from minidist.comm.collectives import TAG_ALL_TO_ALL, chunk_bounds, sendrecv
 from minidist.comm.watchdog import waiting
 
@@ -86,3 +92,62 @@ def all_to_all(comm, x, axis=0):
             sendrecv(comm, piece(src, send_bounds, to), to,
                      piece(dst, recv_bounds, frm), frm, TAG_ALL_TO_ALL)
         return np.asarray(np.moveaxis(out, 0, axis), order="C")
+
+
+def _uneven_chunks(chunks, size):
+    """Why this rank's chunks cannot travel together (a sentence), or "" when they can."""
+    if len(chunks) != size:
+        return f"{len(chunks)} chunks for {size} ranks (chunk j goes to rank j: one per rank)"
+    first = chunks[0]
+    if first.ndim == 0:
+        return "chunk 0 is a scalar: chunks are arrays of rows (at least one dimension)"
+    for j, c in enumerate(chunks):
+        if c.dtype != first.dtype or c.shape[1:] != first.shape[1:]:
+            return (f"chunk {j} has rows of shape {c.shape[1:]} {c.dtype}, chunk 0 rows of "
+                    f"shape {first.shape[1:]} {first.dtype}: all rows must agree")
+    return ""
+
+
+def all_to_all_v(comm, send_chunks):
+    """Rank j gets send_chunks[j] of every rank; returns the N arrays received, the one
+    from rank i at index i. Chunks may have any number of rows (0 included); the rows'
+    shape and the dtype must be the same on every rank.
+
+    One check all-gather (every rank's dtype and row shape), then N-1 pairwise steps of
+    counts, then N-1 pairwise steps of rows; my own chunk is copied.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    chunks = [np.asarray(c, order="C") for c in send_chunks]
+    with stats.counting("all_to_all"), waiting("all_to_all_v"):
+        # agree on dtype and row shape; a rank whose own chunks disagree says so to all
+        uneven = _uneven_chunks(chunks, size)
+        total = sum(len(c) for c in chunks) if not uneven else 0
+        template = (np.empty((total,) + chunks[0].shape[1:], chunks[0].dtype) if chunks
+                    and chunks[0].ndim else np.empty(0))
+        mine, table = post(comm, template, axis=0, name="all_to_all_v")
+        if uneven:
+            mine[0] = -1                 # a flag of my own: checks.PROBLEMS has no words for it
+        comm.Allgather(mine, table)
+        bad = [r for r in range(size) if table[r, 0] < 0]
+        if bad and len(set(table[:, 7])) == 1:      # (different collectives: verify says so)
+            raise MismatchError(f"all_to_all_v: rank {bad[0]} passed chunks that cannot travel "
+                                "(one array of rows per rank, every row of one shape and dtype)"
+                                + (f": {uneven}" if rank == bad[0] else ""))
+        verify(table, "all_to_all_v", same_axis=False)
+        # counts first: at step k tell rank+k how many rows it gets, hear it from rank-k
+        rows = np.array([len(c) for c in chunks], np.int64)
+        got = np.zeros(size, np.int64)
+        got[rank] = rows[rank]
+        for k in range(1, size):
+            to, frm = (rank + k) % size, (rank - k) % size
+            comm.Sendrecv(rows[to:to + 1], to, TAG_ALL_TO_ALL, got[frm:frm + 1], frm, TAG_ALL_TO_ALL)
+            stats.add_check(sent=8, recv=8)
+        # then the rows: the same schedule, each buffer sized by the count just received
+        out = [None] * size
+        out[rank] = chunks[rank].copy()                 # my own chunk stays
+        for k in range(1, size):
+            to, frm = (rank + k) % size, (rank - k) % size
+            out[frm] = np.empty((int(got[frm]),) + chunks[rank].shape[1:], chunks[rank].dtype)
+            # step k: send rank+k its rows while rank-k sends me mine
+            sendrecv(comm, chunks[to], to, out[frm], frm, TAG_ALL_TO_ALL)
+        return out
