@@ -19,6 +19,7 @@ import numpy
 
 from minidist import ops, recompute
 from minidist.backend import dtype_of, to_numpy, xp
+from minidist.moe import MoEMLP
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
 from minidist.optim import AdamW
 from minidist.rng import DropoutRNG
@@ -150,11 +151,11 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, config):
+    def __init__(self, config, moe=False):
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype)
-        self.mlp = MLP(config)
+        self.mlp = MoEMLP(config) if moe else MLP(config)              # minidist/moe.py
 
     def forward(self, x, rng=None, cache=None):
         x = x + self.attn(self.ln_1(x), rng, cache)
@@ -172,6 +173,20 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     dtype: str = "float32"
+    # mixture of experts (minidist/moe.py); n_expert = 0 is the dense model, unchanged
+    n_expert: int = 0                    # experts per MoE layer
+    top_k: int = 2                       # experts per token: 1 (Switch) or 2 (GShard)
+    capacity_factor: float | None = 1.25 # None: dropless (no token is ever dropped)
+    moe_every: int = 2                   # block i is MoE when (i + 1) % moe_every == 0
+    moe_groups: int = 1                  # routing groups the batch is split into
+    moe_alpha: float = 0.01              # load-balancing loss coefficient (Switch)
+    moe_z: float = 0.0                   # router z-loss coefficient (ST-MoE)
+
+    def is_moe(self, i):
+        """Whether block i's MLP is a mixture of experts: when n_expert > 0, every
+        moe_every-th block, counting from 1 (blocks 1, 3, 5, ... at moe_every = 2: every
+        other layer, as Switch and GShard place them)."""
+        return self.n_expert > 0 and (i + 1) % self.moe_every == 0
 
     def validate(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -183,6 +198,17 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
         dtype_of(self.dtype)          # raises ValueError for an unknown dtype
+        if int(self.n_expert) < 0:
+            raise ValueError(f"n_expert must be 0 (dense) or more, not {self.n_expert}")
+        if self.top_k not in (1, 2) or (self.n_expert > 0 and self.top_k > self.n_expert):
+            raise ValueError(f"top_k must be 1 or 2, and at most n_expert ({self.n_expert}), not {self.top_k}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be positive (or None: dropless), not {self.capacity_factor}")
+        for name in ("moe_every", "moe_groups"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.moe_alpha < 0 or self.moe_z < 0:
+            raise ValueError(f"moe_alpha and moe_z must be at least 0, not {self.moe_alpha} and {self.moe_z}")
         return self
 
 
@@ -194,7 +220,7 @@ class GPT(Module):
             wte=Embedding(config.vocab_size, config.n_embd, dtype=config.dtype),
             wpe=Embedding(config.block_size, config.n_embd, dtype=config.dtype),
             drop=Dropout(config.dropout),
-            h=ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=ModuleList([Block(config, config.is_moe(i)) for i in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias, dtype=config.dtype),
         )
         self._init_weights(seed)
@@ -204,6 +230,10 @@ class GPT(Module):
         """Recompute activations in backward instead of keeping them (minidist/recompute.py):
         "none", "full" (every block), "every-k" (segments of k blocks, k = round(sqrt(L)) by
         default) or "selective" (the attention core). Gradients are unchanged, exactly."""
+        if self.config.n_expert > 0 and policy in ("full", "every-k"):
+            raise ValueError(f"recompute {policy!r} with mixture of experts: the checkpoint's forward runs "
+                             f"without a graph, so the MoE auxiliary losses inside it would get no gradient "
+                             f"(use 'none' or 'selective')")
         recompute.set_policy(self, policy, k)
         return self
 
@@ -247,7 +277,28 @@ class GPT(Module):
         x = tr.ln_f(x)
         logits = x @ tr.wte.weight.T                                    # (B, T, vocab)
         loss = ops.cross_entropy(logits, xp.asarray(targets)) if targets is not None else None
+        if loss is not None and self.moe_layers():
+            loss = loss + self.moe_aux_loss()                          # balance + z, every MoE layer
         return logits, loss
+
+    def moe_layers(self):
+        """[(block index, MoEMLP)] of the MoE blocks (empty for a dense model)."""
+        return [(i, b.mlp) for i, b in enumerate(self.transformer.h) if isinstance(b.mlp, MoEMLP)]
+
+    def moe_aux_loss(self):
+        """The last forward's auxiliary losses, summed over MoE layers (a Tensor)."""
+        total = 0.0
+        for _, m in self.moe_layers():
+            total = m.aux["balance"] + m.aux["z"] + total
+        return total
+
+    def moe_stats(self):
+        """What the last forward's routers did, per MoE layer: {block index: dict(
+        tokens_per_expert (E,) after capacity, routed_per_expert (E,) before it, dropped,
+        balance, z (floats))}. Empty before the first forward and for a dense model."""
+        return {i: dict(tokens_per_expert=m.aux["tokens_per_expert"], routed_per_expert=m.aux["routed_per_expert"],
+                        dropped=m.aux["dropped"], balance=m.aux["balance"].item(), z=m.aux["z"].item())
+                for i, m in self.moe_layers() if m.aux is not None}
 
     def configure_optimizers(self, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8):
         """AdamW with weight decay on 2-D parameters (matmul weights, embeddings) only."""
