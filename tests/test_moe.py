@@ -18,7 +18,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=11, dtype="f
     (8, 2, 4, 1.25, 5),          # 8 * 2 / 4 * 1.25 = 5 exactly
     (10, 1, 4, 1.0, 3),          # 2.5 -> 3: ceil, not round
     (12, 1, 4, 1.0, 3),          # 3 exactly stays 3
-    (10, 1, 3, 1.5, 5),          # 5.000000000000001 in floats: still 5
+    (50, 1, 11, 1.1, 5),         # 5.000000000000001 in floats: still 5
     (4, 1, 8, 1.0, 1),           # 0.5 -> 1
     (8, 2, 4, None, None),       # dropless
 ])
@@ -36,6 +36,33 @@ def test_top_k_orders_by_probability_and_breaks_ties_by_expert_index():
     assert experts.tolist() == [[0, 1], [1, 2], [3, 2], [0, 2]]
     assert keep.all(), "dropless (capacity None) keeps every choice"
     assert route(probs, 1, None)[0].tolist() == [[0], [1], [3], [0]]
+
+
+def naive_route(probs, top_k, capacity):
+    """The rules written as plain Python sorts, for the comparison below."""
+    T, E = probs.shape
+    experts = [sorted(range(E), key=lambda e: (-probs[t, e], e))[:top_k] for t in range(T)]
+    keep = [[True] * top_k for _ in range(T)]
+    for e in range(E):
+        choices = sorted(((t, j) for t in range(T) for j in range(top_k) if experts[t][j] == e),
+                         key=lambda tj: (-probs[tj[0], e], tj[0]))
+        for t, j in choices[capacity:] if capacity is not None else []:
+            keep[t][j] = False
+    return experts, keep
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("E", [4, 64])
+def test_route_follows_the_rules_on_inputs_full_of_ties(top_k, E):
+    # few distinct values: many ties, at sizes where an unstable sort reorders them
+    g = np.random.default_rng(E + top_k)
+    probs = g.integers(1, 4, size=(200, E)).astype(np.float64)
+    probs /= probs.sum(axis=1, keepdims=True)
+    for capacity in (None, 3, expert_capacity(200, top_k, E, 1.0)):
+        experts, keep = route(probs, top_k, capacity)
+        want_experts, want_keep = naive_route(probs, top_k, capacity)
+        assert experts.tolist() == want_experts
+        assert keep.tolist() == want_keep, f"capacity {capacity}"
 
 
 def test_capacity_keeps_the_highest_probabilities_ties_by_token_index():
@@ -321,3 +348,17 @@ def test_whole_block_recomputation_is_refused_with_experts():
     with pytest.raises(ValueError, match="auxiliary losses"):
         model.set_recompute("full")
     model.set_recompute("selective")
+
+
+def test_dropout_masks_the_combined_output_with_the_dense_mlps_call():
+    """One mask on the (B, T, C) output, as the dense MLP draws it: it follows the sample,
+    so expert parallelism can draw the same one wherever the expert runs."""
+    from minidist.rng import DropoutRNG
+    layer = make_layer(E=3, k=2, cf=1.0, C=4, dropout=0.5)
+    x = Tensor(np.random.default_rng(6).normal(size=(2, 3, 4)))
+    with no_grad():
+        dropped = layer(x, rng=DropoutRNG(1, 2, [0, 1])).data
+        layer.eval()
+        plain = layer(x).data
+    mask = DropoutRNG(1, 2, [0, 1]).mask((2, 3, 4), 0.5, np.float64)
+    np.testing.assert_array_equal(dropped, plain * mask)
