@@ -1,0 +1,296 @@
+"""Expert parallelism (GShard, Lepikhin et al. 2020, arXiv 2006.16668; DeepSpeed-MoE,
+Rajbhandari et al. 2022, arXiv 2201.05596): the E experts of each MoE layer are spread
+over an ep group of ranks, E/ep each; tokens travel to their experts and back.
+
+    mpirun -n 4 python -m pytest -q --only-mpi tests/mpi/test_expert_parallel.py
+
+The ep group is carved out of the data-parallel ranks, as DeepSpeed-MoE and Megatron do:
+every rank trains on its own slice of the global batch and holds the whole dense model
+(attention, norms, embeddings, the router), but only experts [r E/ep, (r+1) E/ep) of
+each MoE layer. A rank's tokens are one routing group (minidist/moe.py), so one process
+running the same GPT with moe_groups = the number of data-parallel ranks, over the
+same global batch, routes every token identically: that is what the tests compare with.
+
+One MoE layer, on rank r with n local tokens x (n, C):
+
+    router (replicated)   probs, experts, keep = gates + route(one group)
+    dispatch all-to-all   each kept (token, choice) row goes to its expert's owner,
+                          ordered by expert, then token, then choice
+    experts               the owner runs each of its experts on the rows it received
+    combine all-to-all    the outputs go back the way they came, in the same order
+    combine               y[t] = sum over t's kept choices of gate weight x output
+
+Both all-to-alls are minidist.comm.all_to_all_v (counts first, then the rows, on
+point-to-point messages) inside an autograd Function whose backward is the reverse
+all-to-all of the gradient: four all-to-alls per MoE layer per step. Before the
+dispatch, each rank tells each owner how many of its rows are for each of the owner's
+experts (E/ep int64 per pair, counted under "expert_counts", apart from the rows).
+
+Bytes each rank sends per MoE layer per step (counted under "all_to_all"; C the width):
+
+    dispatch fwd + combine bwd   2 x (rows I send to other ranks)       x C x itemsize
+    combine fwd + dispatch bwd   2 x (rows I get from other ranks)      x C x itemsize
+
+ExpertParallelMoE.comm_bytes holds both, measured and by this formula, for every call.
+
+Gradients: the dense parameters (the router included) are averaged over every
+data-parallel rank, as plain data parallelism does. An expert's gradient already holds
+the contributions of every ep rank's tokens (the backward all-to-all brought them home),
+the sum of ep ranks' local-loss gradients; it is summed over the ranks that hold the
+same expert (the dp_outer copies when world = dp_outer x ep; nobody when world = ep)
+and divided by the number of data-parallel ranks, which makes it the gradient of the
+mean loss. Memory: each rank keeps E/ep of the expert weights, gradients and AdamW state.
+"""
+import contextlib
+
+import numpy
+
+from minidist import ops
+from minidist.backend import to_numpy, xp
+from minidist.comm import all_reduce, all_to_all_v, stats
+from minidist.moe import (MoEMLP, StackedLinear, balance_loss, combine_weights, expert_capacity,
+                          expert_mlp, gates, route, scatter_add_rows, z_loss)
+from minidist.nn import Parameter
+from minidist.parallel.data_parallel import average_gradients
+from minidist.tensor import Function, Tensor
+
+# ----------------------------------------------------------------------------- the all-to-all Function
+
+
+def _exchange(comm, rows, send_counts, log, what):
+    """all_to_all_v of the (m, C) rows, cut in len(send_counts) consecutive chunks; the
+    received chunks joined in rank order. Logs the bytes sent, measured and by formula."""
+    bounds = numpy.concatenate([[0], numpy.cumsum(send_counts)]).astype(int)
+    rank = comm.Get_rank()
+    chunks = [to_numpy(rows[bounds[j]:bounds[j + 1]]) for j in range(comm.Get_size())]
+    with stats.measure() as m:
+        got = all_to_all_v(comm, chunks)
+    formula = sum(c.nbytes for j, c in enumerate(chunks) if j != rank)
+    log.append((what, m.bytes_sent("all_to_all"), formula))
+    return xp.asarray(numpy.concatenate(got, axis=0))
+
+
+class AllToAllRows(Function):
+    """all_to_all_v forward, the reverse all_to_all_v backward.
+
+    forward: rows (m, C), the first send_counts[0] for rank 0, the next send_counts[1]
+    for rank 1, ...; returns the rows received, rank 0's first: (sum(recv_counts), C).
+    backward: the gradient of each received row goes back to the rank that sent it, which
+    puts it where the row came from: the same exchange with the counts swapped.
+    """
+    @staticmethod
+    def forward(ctx, rows, comm, send_counts, recv_counts, log, name):
+        ctx.comm, ctx.recv_counts, ctx.log, ctx.name = comm, recv_counts, log, name
+        return _exchange(comm, rows, send_counts, log, f"{name} forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(ctx.comm, grad, ctx.recv_counts, ctx.log, f"{ctx.name} backward")
+
+
+def all_to_all_rows(rows, comm, send_counts, recv_counts, log, name):
+    return AllToAllRows.apply(rows, comm=comm, send_counts=send_counts, recv_counts=recv_counts,
+                              log=log, name=name)
+
+# ----------------------------------------------------------------------------- the layer
+
+
+class ExpertParallelMoE(MoEMLP):
+    """An MoEMLP holding experts [lo, hi) of E, whose tokens travel to their experts.
+
+    Built from a single-process MoEMLP (same router, the slice [lo, hi) of its experts), so
+    both start equal. Its forward routes the local tokens as ONE group, whatever n_groups
+    says: the rank is the group. self.aux as MoEMLP's (this rank's group); comm_bytes:
+    [(which all-to-all, bytes sent measured, by formula)] since the last reset.
+    """
+
+    def __init__(self, moe, ep_comm):
+        E, ep, r = moe.n_expert, ep_comm.Get_size(), ep_comm.Get_rank()
+        if E % ep:
+            raise ValueError(f"expert parallelism spreads E experts evenly over the ep group: "
+                             f"E = {E} is not a multiple of the ep size {ep}")
+        self.ep_comm, self.per_rank = ep_comm, E // ep
+        self.lo, self.hi = r * self.per_rank, (r + 1) * self.per_rank
+        self.router = moe.router                                        # replicated
+        self.c_fc, self.c_proj = _slice(moe.c_fc, self.lo, self.hi), _slice(moe.c_proj, self.lo, self.hi)
+        self.dropout = moe.dropout
+        self.n_expert, self.top_k = E, moe.top_k
+        self.capacity_factor, self.n_groups = moe.capacity_factor, 1
+        self.alpha, self.z_coef = moe.alpha, moe.z_coef
+        self.aux, self.comm_bytes = None, []
+
+    def local_expert(self, x_rows, e):
+        """Global expert e (lo <= e < hi) on x_rows (n, C), from this rank's slice."""
+        i = e - self.lo
+        return expert_mlp(x_rows, i, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias)
+
+    def forward(self, x, rng=None, n_groups=None):
+        """x (B, T, C), this rank's tokens -> y (B, T, C); one routing group."""
+        B, T, C = x.shape
+        y, self.aux = self.route_group(x.reshape(B * T, C))
+        return self.dropout(y.reshape(B, T, C), rng)
+
+    def route_group(self, xg):
+        n, C = xg.shape
+        E, k, ep, per = self.n_expert, self.top_k, self.ep_comm.Get_size(), self.per_rank
+        probs, logits = gates(xg, self.router.weight)                  # (n, E) each
+        experts, keep = route(to_numpy(probs.data), k, expert_capacity(n, k, E, self.capacity_factor))
+        w = combine_weights(probs, experts, keep, k)                   # (n, k)
+        # the kept choices, ordered by expert, then token, then choice: owner by owner
+        tok, slot = [], []
+        for e in range(E):
+            t, s = numpy.nonzero((experts == e) & keep)
+            tok.append(t), slot.append(s)
+        per_expert = numpy.array([len(t) for t in tok], numpy.int64)  # (E,) rows I send each expert
+        tok, slot = numpy.concatenate(tok), numpy.concatenate(slot)
+        send = per_expert.reshape(ep, per)                              # (ep, E/ep) by owner
+        # tell each owner how many rows of mine each of its experts gets (apart from the rows)
+        with stats.counting("expert_counts"):
+            got = numpy.stack(all_to_all_v(self.ep_comm, list(send)))  # (ep, E/ep) by sender
+        # dispatch: my rows to their experts' owners; I get theirs for my experts
+        received = all_to_all_rows(xg[tok], self.ep_comm, send.sum(1), got.sum(1), self.comm_bytes,
+                                   "dispatch")                          # (sum got, C)
+        out = self._run_experts(received, got)                          # (sum got, C)
+        # combine: the outputs go back to the ranks the rows came from, in the same order
+        back = all_to_all_rows(out, self.ep_comm, got.sum(1), send.sum(1), self.comm_bytes,
+                               "combine")                               # (len(tok), C)
+        if len(tok):
+            weighted = back * w[tok, slot].reshape(len(tok), 1)         # weighted by the gate
+            y = scatter_add_rows(weighted, tok, n)                      # (n, C)
+        else:
+            y = Tensor(xp.zeros(xg.shape, xg.dtype)) + back.sum() * 0.0  # keeps the combine in the graph
+        aux = dict(balance=balance_loss(probs, experts, E, k, self.alpha), z=z_loss(logits, self.z_coef),
+                   tokens_per_expert=numpy.bincount(experts[keep], minlength=E),
+                   routed_per_expert=numpy.bincount(experts.ravel(), minlength=E))
+        aux["dropped"] = int(aux["routed_per_expert"].sum() - aux["tokens_per_expert"].sum())
+        return y, aux
+
+    def _run_experts(self, received, got):
+        """Each of my experts on its rows. received: sender by sender, within a sender my
+        experts in order; got (ep, E/ep) the counts. Returns the outputs in received order."""
+        starts = numpy.concatenate([[0], numpy.cumsum(got.ravel())]).astype(int).reshape(-1)
+        order = []                                                      # received rows, expert by expert
+        for i in range(self.per_rank):
+            order += [numpy.arange(starts[s * self.per_rank + i], starts[s * self.per_rank + i + 1])
+                      for s in range(got.shape[0])]
+        order = numpy.concatenate(order).astype(numpy.int64)
+        outs, at = [], 0
+        for i in range(self.per_rank):
+            m = int(got[:, i].sum())
+            if m:
+                outs.append(self.local_expert(received[order[at:at + m]], self.lo + i))   # (m, C)
+            at += m
+        if not outs:
+            return received                                             # no rows: nothing to run
+        out = outs[0] if len(outs) == 1 else ops.concat(outs, axis=0)   # expert by expert
+        return out[numpy.argsort(order, kind="stable")]                 # back in received order
+
+
+def _slice(stacked, lo, hi):
+    """A StackedLinear holding experts [lo, hi) of `stacked` (copies)."""
+    part = StackedLinear.__new__(StackedLinear)
+    part.weight = Parameter(xp.array(stacked.weight.data[lo:hi]))
+    part.bias = None if stacked.bias is None else Parameter(xp.array(stacked.bias.data[lo:hi]))
+    return part
+
+# ----------------------------------------------------------------------------- the model and its gradients
+
+
+def expert_parallel(model, ep_comm, dp_comm=None):
+    """Swap every MoEMLP of `model` for an ExpertParallelMoE (in place); return the
+    ExpertParallel that synchronises the gradients (train_step's dp slot).
+
+    ep_comm: the ranks one layer's experts are spread over; dp_comm: every data-parallel
+    rank (the dense weights' all-reduce), ep_comm when None. Build the optimizer after
+    this call: the expert Parameters are new ones.
+    """
+    dp_comm = ep_comm if dp_comm is None else dp_comm
+    if dp_comm.Get_size() % ep_comm.Get_size():
+        raise ValueError(f"the ep group ({ep_comm.Get_size()} ranks) is carved out of the data-parallel "
+                         f"ranks ({dp_comm.Get_size()}): their number must be a multiple of it")
+    for block in model.transformer.h:
+        if isinstance(block.mlp, MoEMLP) and not isinstance(block.mlp, ExpertParallelMoE):
+            block.mlp = ExpertParallelMoE(block.mlp, ep_comm)
+    return ExpertParallel(model, ep_comm, dp_comm)
+
+
+class ExpertParallel:
+    """The gradient synchroniser of an expert-parallel model, and its per-step counters."""
+
+    def __init__(self, model, ep_comm, dp_comm):
+        self.model, self.ep_comm, self.dp_comm = model, ep_comm, dp_comm
+        self.layers = [(i, b.mlp) for i, b in enumerate(model.transformer.h)
+                       if isinstance(b.mlp, ExpertParallelMoE)]
+        ids = {id(p) for _, m in self.layers for p in (*m.c_fc.parameters(), *m.c_proj.parameters())}
+        self.expert_params = [p for p in model.parameters() if id(p) in ids]
+        self.dense_params = [p for p in model.parameters() if id(p) not in ids]
+        # the ranks holding the same experts as this one: same ep rank, other dp_outer index
+        self.expert_dp_comm = (dp_comm.Split(color=ep_comm.Get_rank(), key=dp_comm.Get_rank())
+                               if dp_comm.Get_size() > ep_comm.Get_size() else None)
+        self.history = []             # per step: {layer: (tokens per expert, dropped)}, this rank's
+
+
+    def __call__(self, *args, **kw):
+        return self.model(*args, **kw)
+
+    @contextlib.contextmanager
+    def backward_context(self, last):
+        yield                         # the all-to-alls run inside backward; sync() does the rest
+
+    def no_sync(self):
+        return self.backward_context(last=False)
+
+    def sync(self):
+        """Dense gradients: the mean over every data-parallel rank. Expert gradients: the sum
+        over the copies of the same experts, divided by the number of data-parallel ranks."""
+        self.history.append({i: (numpy.array(m.aux["tokens_per_expert"]), m.aux["dropped"])
+                             for i, m in self.layers if m.aux is not None})
+        grads = [p.grad if p.grad is not None else xp.zeros_like(p.data) for p in self.dense_params]
+        for p, g in zip(self.dense_params, average_gradients(self.dp_comm, grads)):
+            p.grad = g
+        n = self.dp_comm.Get_size()
+        for p in self.expert_params:
+            g = p.grad if p.grad is not None else xp.zeros_like(p.data)
+            if self.expert_dp_comm is not None:
+                g = all_reduce(self.expert_dp_comm, g, op="sum")
+            p.grad = g / n
+
+    def grad_norm_sq(self, params):
+        """The whole model's squared gradient norm (for clipping): the dense part is the same
+        on every rank; the experts' parts are summed over the ep group."""
+        experts = {id(p) for p in self.expert_params}
+        dense = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) not in experts)
+        mine = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) in experts)
+        total = all_reduce(self.ep_comm, numpy.array([mine]), op="sum")
+        return dense + float(total[0])
+
+    # -- counters
+    def reset_counters(self):
+        for _, m in self.layers:
+            m.comm_bytes = []
+
+    def counters(self):
+        """What the last forward's routers did, per MoE layer: this rank's and the whole
+        ep group's tokens per expert (after capacity), dropped choices, the balance and z
+        losses (this rank's group), all-to-all bytes sent since reset_counters(): measured
+        and by the formula (4 all-to-alls per layer per step)."""
+        out = {}
+        for i, m in self.layers:
+            a = m.aux
+            local = numpy.asarray(a["tokens_per_expert"], numpy.int64)
+            dropped = numpy.array([a["dropped"]], numpy.int64)
+            out[i] = dict(tokens_per_expert=local,
+                          tokens_per_expert_total=self._sum(local), dropped=a["dropped"],
+                          dropped_total=int(self._sum(dropped)[0]),
+                          balance=a["balance"].item(), z=a["z"].item(),
+                          a2a_bytes_measured=sum(b for _, b, _ in m.comm_bytes),
+                          a2a_bytes_formula=sum(f for _, _, f in m.comm_bytes),
+                          a2a_calls=len(m.comm_bytes))
+        return out
+
+    def _sum(self, a):
+        """Sum over the ep group with MPI's own Allreduce: a report, not part of training."""
+        from mpi4py import MPI
+        total = numpy.empty_like(a)
+        self.ep_comm.Allreduce(a, total, op=MPI.SUM)
+        return total
