@@ -12,11 +12,11 @@ tokens of one group (GShard's and Switch's "group": the unit capacity is counted
     y[t]   = sum_j w[t, j] * expert_{experts[t, j]}(x[t])
 
 - capacity per expert and group = ceil(tokens_in_group * top_k / E * capacity_factor)
-  (Switch Transformer section 2.1); None: dropless, every choice kept.
+  (Switch Transformer section 2, times top_k); None: dropless, every choice kept.
 - an expert over capacity keeps the choices with the highest probability for it, ties
   by lower token index (Megatron's default); a dropped token gets 0 from that expert,
   so with both choices dropped it passes through the block's residual only.
-- load balancing (Switch section 2.2): alpha * E * sum_i f_i * P_i, f_i the fraction of
+- load balancing (Switch section 2): alpha * E * sum_i f_i * P_i, f_i the fraction of
   the group's routing choices (all k, before dropping) that picked expert i, P_i the
   mean probability of expert i; it is alpha when routing is perfectly uniform.
 - router z-loss (ST-MoE section 3): coef * mean over tokens of logsumexp(logits)^2.
