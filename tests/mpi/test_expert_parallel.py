@@ -163,3 +163,34 @@ def test_experts_that_do_not_divide_are_refused():
     model = GPT(config(n + 1, 1, 1.0, groups=n), seed=11)
     with pytest.raises(ValueError, match=f"E = {n + 1} is not a multiple of the ep size {n}"):
         expert_parallel(model, COMM)
+
+
+def test_a_rank_whose_experts_get_no_tokens():
+    """Every token to expert 0: the other ranks receive no rows, run no expert, and still
+    take part in all four all-to-alls; one layer's output and gradients equal one process's."""
+    from minidist.moe import MoEMLP
+    from minidist.nn import Parameter
+    from minidist.tensor import Tensor
+    n, rank = COMM.Get_size(), COMM.Get_rank()
+    ref = MoEMLP(config(2 * n, 1, None, groups=n, dropout=0.0))
+    rng = np.random.default_rng(0)
+    for p in ref.parameters():
+        p.data[...] = rng.standard_normal(p.data.shape) * 0.3
+    ref.router.weight.data[:, 0] += 5.0            # with positive inputs, expert 0 wins every token
+    x, g = np.abs(rng.standard_normal((2 * n, 3, 8))), rng.standard_normal((2 * n, 3, 8))
+    xr = Parameter(x.copy())
+    yr = ref(xr)
+    ((yr * Tensor(g)).sum() + ref.aux["balance"]).backward()
+    layer = ExpertParallelMoE(ref, COMM)
+    mine = slice(2 * rank, 2 * rank + 2)
+    xl = Parameter(x[mine].copy())
+    yl = layer(xl)
+    ((yl * Tensor(g[mine])).sum() + layer.aux["balance"] * (1.0 / n)).backward()
+    assert layer.aux["tokens_per_expert"][0] == 6 and layer.aux["tokens_per_expert"].sum() == 6
+    assert harness.rel_diff(xl.grad, xr.grad[mine])[0] <= 1e-12, "input gradient"
+    assert harness.rel_diff(yl.data, yr.data[mine])[0] <= 1e-12, "output"
+    if rank == 0:
+        assert harness.rel_diff(layer.c_fc.weight.grad, ref.c_fc.weight.grad[:2])[0] <= 1e-12
+    else:
+        assert layer.c_fc.weight.grad is None, "an expert that got no rows gets no gradient"
+    assert len(layer.comm_bytes) == 4
