@@ -137,12 +137,10 @@ class ExpertParallelMoE(MoEMLP):
         experts, keep = route(to_numpy(probs.data), k, expert_capacity(n, k, E, self.capacity_factor))
         w = combine_weights(probs, experts, keep, k)                   # (n, k)
         # the kept choices, ordered by expert, then token, then choice: owner by owner
-        tok, slot = [], []
-        for e in range(E):
-            t, s = numpy.nonzero((experts == e) & keep)
-            tok.append(t), slot.append(s)
-        per_expert = numpy.array([len(t) for t in tok], numpy.int64)  # (E,) rows I send each expert
-        tok, slot = numpy.concatenate(tok), numpy.concatenate(slot)
+        chosen = [numpy.nonzero((experts == e) & keep) for e in range(E)]   # (tokens, choices) per expert
+        per_expert = numpy.array([len(t) for t, _ in chosen], numpy.int64)  # (E,) rows I send each expert
+        tok = numpy.concatenate([t for t, _ in chosen])                      # (rows,) the token of each row
+        slot = numpy.concatenate([s for _, s in chosen])                     # (rows,) and which choice
         send = per_expert.reshape(ep, per)                              # (ep, E/ep) by owner
         # tell each owner how many rows of mine each of its experts gets (apart from the rows)
         with stats.counting("expert_counts"):
