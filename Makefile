@@ -52,6 +52,7 @@ demo: $(SETUP)
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.06_fsdp
 	$(MPIRUN) -n 8 $(PY) -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2
 	$(MPIRUN) -n 2 $(PY) -m minidist.lessons.08_activation_recompute --tp 2
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.09_moe
 
 test: $(SETUP)
 	$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile tests

@@ -29,6 +29,7 @@ DEMO = [
     ("06_fsdp", 2, SMALL),
     ("07_3d_parallel", 8, ["--tp", "2", "--pp", "2", "--dp", "2", *SMALL[:-2], "--steps", "1", "--n-layer", "4"]),
     ("08_activation_recompute", 2, ["--tp", "2", *SMALL, "--sweep", "4,9"]),
+    ("09_moe", 4, [*SMALL[:-4], "--batch-size", "12", "--steps", "2"]),
 ]
 
 
