@@ -20,7 +20,7 @@ destinations j != rank of its chunk j's bytes: rows_j x row size x itemsize.
 import numpy as np
 
 from minidist.comm import stats
-from minidist.comm.checks import (DESC_LEN, PROBLEMS, MismatchError, describe, dtype_of, exchange,
+from minidist.comm.checks import (DESC_LEN, PROBLEMS, MismatchError, describe, dtype_of, exchange, gather,
                                   kind_code, local_problem, post, shape_of, verify)
 from minidist.comm.collectives import TAG_ALL_TO_ALL, chunk_bounds, sendrecv
 from minidist.comm.watchdog import waiting
@@ -127,7 +127,7 @@ def all_to_all_v(comm, send_chunks):
         mine, table = post(comm, template, axis=0, name="all_to_all_v")
         if uneven:
             mine[0] = -1                 # a flag of my own: checks.PROBLEMS has no words for it
-        comm.Allgather(mine, table)
+        gather(comm, mine, table, "all_to_all_v")
         bad = [r for r in range(size) if table[r, 0] < 0]
         if bad and len(set(table[:, 7])) == 1:      # (different collectives: verify says so)
             raise MismatchError(f"all_to_all_v: rank {bad[0]} passed chunks that cannot travel "
