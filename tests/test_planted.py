@@ -179,10 +179,11 @@ def test_below_3_ranks_multi_rank_exercises_fail_and_say_so(tmp_path):
     assert v["2.2"]["verdict"] == "PASS" and proc.returncode == 1
 
 
-def test_an_untouched_stub_is_todo_at_any_rank_count(tmp_path):
+@pytest.mark.parametrize("name", ["02_data_parallel.py", "09_moe.py"])
+def test_an_untouched_stub_is_todo_at_any_rank_count(tmp_path, name):
     """Below the 3 ranks a multi-rank exercise needs, an untouched stub is still TODO (not FAIL)."""
-    stubs = ROOT / "lessons" / "exercises" / "02_data_parallel.py"
-    proc, run = grade(2, [stubs], "02", 30, tmp_path)
+    stubs = ROOT / "lessons" / "exercises" / name
+    proc, run = grade(2, [stubs], name[:2], 30, tmp_path)
     assert [r["verdict"] for r in run["results"]] == ["TODO", "TODO"], proc.stdout + proc.stderr
 
 

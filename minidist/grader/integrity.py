@@ -78,6 +78,9 @@ def scan(source):
     except SyntaxError:
         return []
     notes = set()
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)      # the stub's own text names the command
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -97,6 +100,7 @@ def scan(source):
                 notes.add("uses MPI.COMM_WORLD (not the comm it is given)")
         if isinstance(node, ast.Name) and node.id in ("__main__", "__builtins__"):
             notes.add(f"touches {node.id}")
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "minidist.grade" in node.value:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "minidist.grade" in node.value \
+                and id(node) not in docstrings:
             notes.add("names the grader in a string")
     return sorted(notes)
