@@ -33,6 +33,29 @@ the row sum of grad for each bias, added into .grad in the order the plain backw
 them. Layer norm, the embeddings and the tied head (x @ wte.T, reached through a
 transpose) stay whole in B: small next to the linears' GEMMs, which are most of W.
 `history` keeps the last steps' action times, for the lesson's medians.
+
+Mixture of experts (minidist/moe.py; issue 19). An MoE block sits inside a stage with
+its experts whole (no expert parallelism here). Each micro-batch's tokens are one
+routing group: the stage's MoE layers route with n_groups = 1, whatever the config's
+moe_groups, so the one-process run this equals is the same GPT with moe_groups = m (its
+groups are contiguous batch rows, as micro-batches are; m x dp with data parallelism).
+One process's loss is cross-entropy + sum over MoE layers of the mean over groups of
+(balance + z); a micro-batch's share is scale x (its cross-entropy + every MoE layer's
+aux of that micro-batch), scale = 1/m. The aux of a layer lives on its stage, so every
+chunk with MoE blocks keeps, at its F, the sum of its layers' aux for that micro-batch
+(MoEMLP.aux, before the next F overwrites it) and, at its B, runs one backward from
+    (out * g).sum() + scale x aux        (the received g; a non-last stage)
+    (loss + aux) x scale                 (the last stage)
+one root, because a backward frees the graph it walks (a second backward through the
+shared router nodes would be refused). d/d out of (out * g).sum() is g exactly, so the
+gradient sent back is unchanged. Every schedule (interleaved too: each chunk adds its
+own blocks') and the split of zb-h1 work unchanged: the router's x @ W_router is a
+MatMul whose leaf weight W computes; the experts' stacked weights are used through
+indexing, not a leaf Linear, so they stay whole in B. The reported loss adds every
+stage's scale x aux to the last stage's cross-entropy: one float64 all-reduce over the
+pipeline group in place of the broadcast (a dense model keeps the broadcast). MoEMLP
+draws one dropout mask per block, where the dense MLP does, so dropout_calls_before
+holds for MoE blocks too.
 """
 import collections
 import contextlib
@@ -124,6 +147,11 @@ class PipelineGPT(Module):
         self.transformer = ModuleDict(**mods)
         # bound methods, not Modules: the whole model's parameters stay out of this stage's
         self._ends = (getattr(full, "embed", None), getattr(full, "head", None))
+        # MoE layers per chunk (an mlp with an `aux`); each micro-batch is one routing group
+        self.moe = [[b.mlp for b in self.blocks(c) if hasattr(b.mlp, "aux")] for c in range(v)]
+        for layer in (mlp for chunk in self.moe for mlp in chunk):
+            if hasattr(layer, "n_groups"):
+                layer.n_groups = 1
         policy = getattr(full, "recompute", None)      # as the whole model was set, k included
         self.set_recompute(policy.name if policy else "none", policy.k if policy else None)
 
@@ -136,7 +164,13 @@ class PipelineGPT(Module):
         """Activation recomputation for this stage's blocks (minidist/recompute.py): full,
         every-k (segments of k blocks within each chunk; k defaults to round(sqrt(L_r)) of
         this rank's L_r blocks) or selective. The backward of a checkpoint starts from any
-        gradient, the non-scalar one the next stage sends included."""
+        gradient, the non-scalar one the next stage sends included. With experts, only
+        none and selective, as GPT.set_recompute: a checkpoint's forward runs without a
+        graph, so the MoE aux losses inside it would get no gradient."""
+        if getattr(self.config, "n_expert", 0) > 0 and policy in ("full", "every-k"):
+            raise ValueError(f"recompute {policy!r} with mixture of experts: the checkpoint's forward runs "
+                             f"without a graph, so the MoE auxiliary losses inside it would get no gradient "
+                             f"(use 'none' or 'selective')")
         recompute.set_policy(self, policy, k, blocks=self.blocks())
         return self
 
@@ -156,6 +190,15 @@ class PipelineGPT(Module):
             logits = tr.ln_f(x) @ tr.wte.weight.T                               # (B, T, vocab)
             return cross_entropy(logits, xp.asarray(targets))
         return x
+
+    def chunk_aux(self, c):
+        """The last forward's auxiliary losses of chunk c's MoE layers, balance + z summed
+        over them (a Tensor), or None when the chunk has no MoE block."""
+        total = None
+        for layer in self.moe[c]:
+            aux = layer.aux["balance"] + layer.aux["z"]
+            total = aux if total is None else total + aux
+        return total
 
     def configure_optimizers(self, weight_decay, lr, betas=(0.9, 0.95), eps=1e-8):
         from minidist.model import GPT
@@ -239,7 +282,7 @@ class PipelineParallel:
         if len(batches) != self.m:
             raise PipelineError(f"the schedule is for {self.m} micro-batches, the step has {len(batches)}")
         n, split = model.p * model.v, self.split
-        saved, held, pending, total = {}, {}, [], 0.0
+        saved, held, pending, total, aux_total = {}, {}, [], 0.0, 0.0
         outgoing, live, self.events, self.peak_live = None, 0, [], 0
         for action in self.actions + [None]:
             spec = None if action is None else self._recv_spec(action, batches)
@@ -262,7 +305,10 @@ class PipelineParallel:
                 r = DropoutRNG(rng.seed, rng.step, rng.sample_ids)
                 r.calls = 0 if s == 0 else dropout_calls_before(model.ranges[s][0])
                 out = model.forward_chunk(c, x if s == 0 else x_in, y, r)
-                saved[(mb, c)] = (x_in, out)
+                aux = model.chunk_aux(c) if hasattr(model, "chunk_aux") else None   # before the next F
+                saved[(mb, c)] = (x_in, out, aux)
+                if aux is not None:
+                    aux_total += aux.item() * scale
                 live += 1
                 self.peak_live = max(self.peak_live, live)
                 if s == n - 1:
@@ -271,12 +317,14 @@ class PipelineParallel:
                     dest = self._neighbour(c, +1)[0]
                     outgoing = (np.ascontiguousarray(to_numpy(out.data)), dest, self._tag(mb, s + 1, False))
             elif op == "B":
-                x_in, out = saved.pop((mb, c))
+                x_in, out, aux = saved.pop((mb, c))
                 with deferred_weight_grads() if split else contextlib.nullcontext() as later:
                     if s == n - 1:
-                        (out * scale).backward()
-                    else:
+                        ((out if aux is None else out + aux) * scale).backward()
+                    elif aux is None:
                         out.backward(xp.asarray(got))
+                    else:                           # one root: the graph is freed as it is walked
+                        ((out * Tensor(xp.asarray(got, dtype=out.dtype))).sum() + aux * scale).backward()
                 if split:                           # the weight gradients wait for W
                     held[(mb, c)] = later
                 else:
@@ -293,6 +341,8 @@ class PipelineParallel:
             with waiting("pipeline sends of this step"):
                 req.Wait()
         # the loss lives on the last stage; every stage reports it (one float64)
+        if getattr(model.config, "n_expert", 0) > 0:    # + every stage's MoE aux losses
+            return float(all_reduce(self.comm, np.array([total + aux_total]))[0])
         last = schedules.place(n - 1, model.p)[0]
         return float(broadcast(self.comm, np.array([total]), root=last)[0])
 
