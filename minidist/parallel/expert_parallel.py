@@ -40,6 +40,39 @@ the sum of ep ranks' local-loss gradients; it is summed over the ranks that hold
 same expert (the dp_outer copies when world = dp_outer x ep; nobody when world = ep)
 and divided by the number of data-parallel ranks, which makes it the gradient of the
 mean loss. Memory: each rank keeps E/ep of the expert weights, gradients and AdamW state.
+
+With tensor parallelism (issue 19, "composes"; tests/mpi/test_moe_tensor_parallel.py):
+
+    grid = ProcessGrid(tp=2)                                  # dp = world / 2
+    model = TensorParallelGPT(GPT(cfg), grid.tp_comm)         # cfg.moe_groups = grid.dp
+    ep = expert_parallel(model, grid.dp_comm, grid.dp_comm)   # ep = dp
+    sync = TensorParallelSync(model, dp=ep)
+
+The dense parts (attention, dense MLPs, embeddings, head) are cut as TensorParallelGPT
+cuts them; an MoE block's MLP is not cut (minidist/parallel/tp_model.py): plain tensor
+parallelism keeps ln_2's output whole on every TP rank, so the router and the experts
+act on the same replicated activations there, and the TP ranks of one replica compute
+the same routing and the same expert outputs. The experts are spread over an ep group
+carved out of the data-parallel ranks, one per TP rank: tp rank i of every replica
+forms ep group i (the grid's dp_comm of tp rank i; ep = dp here, each replica's tokens
+one routing group, so the one-process reference is the same MoE GPT with moe_groups =
+dp). Each TP rank runs the all-to-alls over its own ep group with the same rows as its
+TP partner: redundant work, the simple way. Megatron-Core does otherwise: with EP and TP
+it requires sequence parallelism, so each TP rank enters the MoE layer with its own
+slice of the tokens, and its "MoE Parallel Folding" folds the attention's TP ranks into
+the experts' EP x expert-TP grid (--expert-tensor-parallel-size 1 gives the experts no
+TP), so no expert runs twice (megatron/core/transformer/moe/README.md of NVIDIA/Megatron-LM).
+
+Gradients under TP: the TP shards as TensorParallelSync leaves them (nothing to do
+without sequence parallelism), every dense parameter (shards, replicated ones and the
+router) averaged over the data-parallel ranks (the dp_comm of this TP rank), the experts
+summed over the ranks that hold the same ones (none when ep = dp) and divided by dp, as
+above. Nothing is summed over the TP pair: each TP rank computed the whole gradient of
+the router (it sees the replicated input, and the auxiliary losses are added alike on
+both) and of its experts; a sum would double them. The clipping norm
+(TensorParallelSync.grad_norm_sq) counts each shard once (summed over TP), each
+replicated parameter and the router once (this rank's copy), and each expert once
+(expert_grad_norm_sq: summed over this TP rank's ep group only).
 """
 import contextlib
 
@@ -201,6 +234,11 @@ def expert_parallel(model, ep_comm, dp_comm=None):
     ep_comm: the ranks one layer's experts are spread over; dp_comm: every data-parallel
     rank (the dense weights' all-reduce), ep_comm when None. Build the optimizer after
     this call: the expert Parameters are new ones.
+
+    `model` may be a GPT or a TensorParallelGPT (its MoE blocks keep their MLP whole):
+    the MoEMLPs are swapped wherever they sit, and ep_comm, dp_comm are then this TP
+    rank's groups (the grid's dp_comm for both when ep = dp); hand the result to
+    TensorParallelSync(model, dp=...) as train_step's dp slot.
     """
     dp_comm = ep_comm if dp_comm is None else dp_comm
     if dp_comm.Get_size() % ep_comm.Get_size():
@@ -258,9 +296,16 @@ class ExpertParallel:
         on every rank; the experts' parts are summed over the ep group."""
         experts = {id(p) for p in self.expert_params}
         dense = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) not in experts)
+        return dense + self.expert_grad_norm_sq(params)
+
+    def expert_grad_norm_sq(self, params):
+        """The experts' part of the squared norm: the experts among `params` this rank holds,
+        summed over the ep group (which holds each expert once). Under tensor parallelism,
+        TensorParallelSync.grad_norm_sq adds it to the shards' and the replicated part."""
+        experts = {id(p) for p in self.expert_params}
         mine = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) in experts)
         total = all_reduce(self.ep_comm, numpy.array([mine]), op="sum")
-        return dense + float(total[0])
+        return float(total[0])
 
     # -- counters
     def reset_counters(self):

@@ -16,6 +16,26 @@ Generation: `minidist.model.generate_greedy` drives this model as it drives the 
 Each rank keeps the keys and values of its own heads (a KV cache of 1/t the size); a
 new token costs 2 all-reduces of b*h per layer, one for the embedding, and the two of
 b numbers that pick the token from the vocabulary-split logits.
+
+Mixture of experts (minidist/moe.py; with expert parallelism, issue 19's "composes"):
+a block whose MLP is an MoEMLP keeps that MLP whole, not cut: plain tensor parallelism
+leaves ln_2's output whole on every rank of the group, so the router and the experts
+act on the same replicated activations there, every TP rank computes the same routing
+and the same expert outputs, and the MoE output joins the residual stream with no f or
+g around it. Its parameters (router, stacked experts) are replicated over the group
+like the layer norms, and each TP rank's gradient of them is already whole: nothing
+over the group may sum them. The loss adds the MoE auxiliary losses (balance, z) as
+GPT.forward does, the same number on every TP rank. Spread over ranks, the experts go
+to an ep group carved out of the data-parallel ranks, one per TP rank:
+
+    grid = ProcessGrid(tp=2)                                # dp = world / 2
+    model = TensorParallelGPT(GPT(cfg_with_moe_groups_dp), grid.tp_comm)
+    ep = expert_parallel(model, grid.dp_comm, grid.dp_comm) # ep = dp: tp rank i's ep group i
+    sync = TensorParallelSync(model, dp=ep)                 # train_step's dp slot
+
+(minidist/parallel/expert_parallel.py says why the TP pair's all-to-alls are redundant
+and how the gradients and the clipping norm are counted.) Sequence parallelism with
+MoE is refused: each rank would route only its slice of the sequence.
 """
 import contextlib
 
@@ -24,6 +44,7 @@ import numpy as np
 from minidist import ops, recompute
 from minidist.backend import to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
+from minidist.moe import MoEMLP
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
 from minidist.optim import grad_norm_sq
 from minidist.parallel.sequence_parallel import sequence_bounds
@@ -52,18 +73,22 @@ class Shard:
 
 
 def shard_specs(config, t):
-    """{name: Shard} for every sharded parameter of the GPT; the others are replicated."""
+    """{name: Shard} for every sharded parameter of the GPT; the others are replicated.
+    An MoE block's MLP (router and experts) is not cut: replicated over the group."""
     V = config.vocab_size
     specs = {"transformer.wte.weight": Shard(0, size=V, padded=padded_vocab(V, t))}
     for i in range(config.n_layer):
         h = f"transformer.h.{i}."
+        moe = config.is_moe(i)
         specs[h + "attn.c_attn.weight"] = Shard(1, blocks=3)        # column-parallel, q|k|v
-        specs[h + "mlp.c_fc.weight"] = Shard(1)                     # column-parallel
         specs[h + "attn.c_proj.weight"] = Shard(0)                  # row-parallel
-        specs[h + "mlp.c_proj.weight"] = Shard(0)                   # row-parallel
+        if not moe:
+            specs[h + "mlp.c_fc.weight"] = Shard(1)                 # column-parallel
+            specs[h + "mlp.c_proj.weight"] = Shard(0)               # row-parallel
         if config.bias:
             specs[h + "attn.c_attn.bias"] = Shard(0, blocks=3)
-            specs[h + "mlp.c_fc.bias"] = Shard(0)
+            if not moe:
+                specs[h + "mlp.c_fc.bias"] = Shard(0)
     return specs
 
 
@@ -152,11 +177,18 @@ class ParallelBlock(Module):
         self.ln_1 = full.ln_1                                          # replicated
         self.attn = ParallelAttention(full.attn, lambda n: take("attn." + n), comm, keep_gathered)
         self.ln_2 = full.ln_2
-        self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm, keep_gathered)
+        self.moe = isinstance(full.mlp, MoEMLP)
+        if self.moe:      # whole, replicated: router and experts see ln_2's whole output
+            self.mlp = full.mlp
+        else:
+            self.mlp = ParallelMLP(full.mlp, lambda n: take("mlp." + n), comm, keep_gathered)
 
     def forward(self, x, rng, seq=None, cache=None):
         x = x + self.attn(self.ln_1(x), rng, seq, cache)
-        x = x + self.mlp(self.ln_2(x), rng, seq)
+        if self.moe:      # (an MoEMLP or its ExpertParallelMoE: whole output, no f or g)
+            x = x + self.mlp(self.ln_2(x), rng)
+        else:
+            x = x + self.mlp(self.ln_2(x), rng, seq)
         return x
 
 
@@ -183,6 +215,9 @@ class TensorParallelGPT(Module):
         if cfg.n_head % t:
             raise TPError(f"n_head ({cfg.n_head}) must be a multiple of the tensor-parallel size "
                           f"({t}): each rank takes whole heads")
+        if sequence_parallel and cfg.n_expert > 0:
+            raise TPError("sequence parallelism with mixture of experts is not supported: each rank "
+                          "would route only its slice of the sequence (use plain tensor parallelism)")
         self.config, self.seed, self._calls = cfg, full.seed, 0
         self.comm, self.tp, self.tp_rank, self.sequence_parallel = comm, t, r, sequence_parallel
         self.sp_keep_gathered = bool(sp_keep_gathered)
@@ -210,7 +245,12 @@ class TensorParallelGPT(Module):
         self.set_recompute(full.recompute.name, full.recompute.k)     # as the whole model was set
 
     def set_recompute(self, policy="none", k=None):
-        """As GPT.set_recompute: the rerun repeats the forward's f/g collectives (recompute.py)."""
+        """As GPT.set_recompute: the rerun repeats the forward's f/g collectives (recompute.py).
+        With MoE only "none" and "selective", as GPT.set_recompute says why."""
+        if self.config.n_expert > 0 and policy in ("full", "every-k"):
+            raise ValueError(f"recompute {policy!r} with mixture of experts: the checkpoint's forward runs "
+                             f"without a graph, so the MoE auxiliary losses inside it would get no gradient "
+                             f"(use 'none' or 'selective')")
         recompute.set_policy(self, policy, k)
         return self
 
@@ -237,7 +277,17 @@ class TensorParallelGPT(Module):
             pos = tr.wpe(xp.arange(first, first + T))         # (T, C)
         x = sequence_dropout(tok + pos, self.dropout if self.training else 0.0, rng, seq)
         x = recompute.run_blocks(self.recompute, tr.h, x, rng, seq, caches=None if cache is None else cache.layers)
-        return self.head(x, targets, sp)
+        logits, loss = self.head(x, targets, sp)
+        if loss is not None and self.moe_layers():
+            loss = loss + self.moe_aux_loss()       # as GPT.forward: the same on every TP rank
+        return logits, loss
+
+    def moe_layers(self):
+        """[(block index, MoEMLP)] of the MoE blocks, as GPT.moe_layers."""
+        return GPT.moe_layers(self)
+
+    def moe_aux_loss(self):
+        return GPT.moe_aux_loss(self)
 
     # The two ends on their own, for a pipeline stage (pipeline_parallel.PipelineGPT): the
     # first stage embeds, the last one ends in the loss, both with their collectives.
@@ -332,6 +382,14 @@ class TensorParallelSync:
     of one float64 over the TP group), each replicated parameter once (every rank holds
     the same copy: summing it over the group would count it t times). Clipping by each
     rank's own shards would scale each rank's part differently.
+
+    With mixture of experts and expert parallelism, `dp` is the ExpertParallel of
+    minidist/parallel/expert_parallel.py (dense mean over the data-parallel ranks, experts
+    over the ranks that hold the same ones). The router and the experts are replicated
+    over the TP group and each TP rank's gradient of them is already whole, so nothing
+    here sums them over the group; in the norm, the experts a rank holds (dp.expert_params)
+    are summed over its ep group by the dp slot (dp.expert_grad_norm_sq), each expert
+    counted once, and the router counts once with the replicated rest.
     """
 
     def __init__(self, model, dp=None):
@@ -358,6 +416,8 @@ class TensorParallelSync:
 
     def grad_norm_sq(self, params):
         sharded = {id(p) for n, p in self.model.named_parameters() if n in self.model.specs}
+        spread = {id(p) for p in getattr(self.dp, "expert_params", ())}   # experts over the ep group
         mine = grad_norm_sq([p for p in params if id(p) in sharded])       # this rank's shards
-        replicated = grad_norm_sq([p for p in params if id(p) not in sharded])
-        return float(tensor_parallel._all_reduce(self.model.comm, np.array([mine]))[0]) + replicated
+        replicated = grad_norm_sq([p for p in params if id(p) not in sharded and id(p) not in spread])
+        experts = self.dp.expert_grad_norm_sq(params) if spread else 0.0
+        return float(tensor_parallel._all_reduce(self.model.comm, np.array([mine]))[0]) + replicated + experts
