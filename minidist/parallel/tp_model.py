@@ -289,6 +289,10 @@ class TensorParallelGPT(Module):
     def moe_aux_loss(self):
         return GPT.moe_aux_loss(self)
 
+    def moe_stats(self):
+        """As GPT.moe_stats: this rank's routing group(s), the same on every TP rank."""
+        return GPT.moe_stats(self)
+
     # The two ends on their own, for a pipeline stage (pipeline_parallel.PipelineGPT): the
     # first stage embeds, the last one ends in the loss, both with their collectives.
     def embed(self, idx, rng):
