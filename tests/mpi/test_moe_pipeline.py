@@ -2,7 +2,7 @@
 
     mpirun -n 2 python -m pytest -q --only-mpi tests/mpi/test_moe_pipeline.py
 
-p = the world size (1 to 4). The MoE GPT (E = 4, top-2; capacity factor 1.0, which drops
+p = the world size (1 to 4; at 8, p = 4 x dp = 2). The MoE GPT (E = 4, top-2; capacity factor 1.0, which drops
 tokens, or dropless), float64, three AdamW steps with clipping that really clips, under
 1F1B, GPipe, interleaved (v = 2: 2p layers, 2p chunks) and ZB-H1. Each micro-batch is one
 routing group, so the reference is the same GPT in one process with moe_groups = m. Per
@@ -22,6 +22,7 @@ from minidist.comm import ProcessGrid, stats
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
+from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
@@ -70,25 +71,28 @@ def reference(cfg, m, rows, dropped=None):
     return train(GPT(replace(cfg, moe_groups=m), seed=SEED), 1, rows, dropped=dropped)
 
 
-def pipeline(cfg, name, m, v=1):
+def pipeline(cfg, name, m, v=1, recompute="none"):
     grid = ProcessGrid(pp=PP)
     rows = m * ROWS * grid.dp
     # the same GPT as the reference's (moe_groups = m): a stage routes each micro-batch as one group
     model = PipelineGPT(GPT(replace(cfg, moe_groups=m * grid.dp), seed=SEED), PP, grid.pp_rank, v)
-    runner = PipelineParallel(model, grid.pp_comm, name, m, None)
+    model.set_recompute(recompute)
+    dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None    # world 8: pp 4 x dp 2
+    runner = PipelineParallel(model, grid.pp_comm, name, m, dp)
     with stats.measure() as meas:
         losses, state = train(model, m, rows, runner, first=grid.dp_rank * m * ROWS, n=m * ROWS)
     return grid, model, runner, losses, state, meas, rows
 
 
-def worst(cfg, name, m, v=1, loss=True):
+def worst(cfg, name, m, v=1, loss=True, recompute="none"):
     """max_rel_diff over the losses, raw gradients and weights, the largest on any rank;
     the number of choices the reference's routers dropped over the three steps."""
-    grid, model, runner, losses, state, meas, rows = pipeline(cfg, name, m, v)
+    grid, model, runner, losses, state, meas, rows = pipeline(cfg, name, m, v, recompute)
     dropped = []
     ref_losses, ref_state = reference(cfg, m * grid.dp, rows, dropped)
     mine = {k: ref_state[k] for k in state}
     if loss:
+        losses = mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp
         state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
     rel, _, where = harness.compare(state, mine)
     return mpi_reduce(COMM, rel), where, sum(dropped), (grid, model, runner, meas)
@@ -124,8 +128,15 @@ def test_moe_pipeline_equals_one_process(name, m, v, kw):
         assert dropped == 0, "dropless routing dropped a choice"
     else:
         assert dropped > 0, "capacity factor 1.0 dropped no choice: the capacity case is not exercised"
-    # the aux losses add one float64 all-reduce to the step, nothing point-to-point
+    # the aux losses add nothing point-to-point; the step's loss is one float64 all-reduce
+    # over the pipeline group in place of the broadcast (beside the tied wte's sum on the
+    # first and last rank and the clipping norm's, as without experts)
     assert meas.bytes_sent("send") // STEPS == expected_p2p_bytes(model, [ROWS] * m, 8)
+    p, r = PP, grid.pp_rank
+    assert "broadcast" not in meas, "the loss is all-reduced with the aux losses, not broadcast"
+    if grid.dp == 1:                               # (data parallelism adds one per parameter)
+        want = 1 + (p > 1) + (p > 1 and r in (0, p - 1))
+        assert meas["all_reduce"]["calls"] == STEPS * want, (meas["all_reduce"], want)
 
 
 @pytest.mark.skipif(PP < 2, reason="one stage holds every MoE layer: no stage before the last")
@@ -168,3 +179,19 @@ def test_zb_h1_defers_the_routers_and_keeps_the_experts_in_b(monkeypatch):
     assert routers and experts
     assert all(id(params[n]) in in_w for n in routers), "a router's weight gradient was not left to W"
     assert not any(id(params[n]) in in_w for n in experts), "an expert's stacked weight went to W"
+
+
+@pytest.mark.parametrize("policy", ["full", "every-k"])
+def test_a_stage_refuses_recompute_that_would_drop_the_aux_gradients(policy):
+    """As GPT.set_recompute: a checkpoint's forward runs without a graph, so the aux losses
+    of the MoE blocks inside it would get no gradient. Selective recompute stays allowed."""
+    stage = PipelineGPT(GPT(config(), seed=SEED), PP, COMM.Get_rank() % PP)
+    with pytest.raises(ValueError, match="mixture of experts"):
+        stage.set_recompute(policy)
+    stage.set_recompute("selective")
+
+
+def test_selective_recompute_with_moe_stages_equals_one_process():
+    """The attention core recomputed in B (dropout on): the MoE blocks keep their graph."""
+    rel, where, _, _ = worst(config(moe_every=1, dropout=0.1, moe_z=1e-2), "1f1b", 2, recompute="selective")
+    assert rel <= TOL, f"selective recompute, p={PP}: max_rel_diff {rel:.2e} (worst {where})"
