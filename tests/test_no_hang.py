@@ -2,8 +2,8 @@
 
 Each test launches a small script under `mpirun -n 4` in a subprocess with a hard
 timeout and checks that the job ends non-zero, in bounded time, naming the rank and the
-reason. The waits are shortened (MINIDIST_EXIT_TIMEOUT=2, MINIDIST_TIMEOUT=3) so the
-file runs in about a minute; without the fail-fast each of these jobs hangs forever.
+reason. The waits are shortened (MINIDIST_EXIT_TIMEOUT=2, or 1 where a rank simply
+leaves; MINIDIST_TIMEOUT=3) so the file runs in about a minute; without the fail-fast each of these jobs hangs forever.
 Runs in the serial suite (`pytest tests`), never under mpirun itself.
 """
 import os
@@ -69,7 +69,7 @@ def test_one_rank_leaving_ends_the_job(tmp_path, leave):
             {leave}
         else:
             ring_all_reduce(comm, np.ones(10))
-    """)
+    """, exit_timeout="1")
     how = {"exit(3)": "exit(3)", "sys.exit(0)": "sys.exit(0)"}.get(leave, "returned or raised SystemExit")
     ends(rc, out, seconds, "[rank 1] this rank is ending", how, "rank(s) 0, 2, 3 did not end")
     assert out.count("this rank is ending") == 1, out
