@@ -54,9 +54,25 @@ demo: $(SETUP)
 	$(MPIRUN) -n 2 $(PY) -m minidist.lessons.08_activation_recompute --tp 2
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.09_moe
 
+# The MPI tests on the smallest worlds run beside the serial ones (their output waits in
+# .test-logs/ and is printed after): the serial tests leave a core idle while their jobs
+# wait on purpose, and one or two ranks fill it.
+MPI_BESIDE ?= 1 2
+BESIDE := $(filter $(MPI_BESIDE),$(MPI_SIZES))
+AFTER  := $(filter-out $(MPI_BESIDE),$(MPI_SIZES))
+
 test: $(SETUP)
-	$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile tests
-	@for n in $(MPI_SIZES); do \
+	@rm -rf .test-logs && mkdir .test-logs
+	@( for n in $(BESIDE); do \
+	    $(MPIRUN) -n $$n $(PY) -m pytest -q -rs --only-mpi tests/mpi > .test-logs/mpi-$$n.txt 2>&1 \
+	      || touch .test-logs/failed-$$n; \
+	  done ) & \
+	$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile tests; status=$$?; wait; \
+	for n in $(BESIDE); do \
+	  echo "== MPI tests on $$n ranks (run beside the serial tests)"; cat .test-logs/mpi-$$n.txt; \
+	  test ! -e .test-logs/failed-$$n || status=1; \
+	done; exit $$status
+	@for n in $(AFTER); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPIRUN) -n $$n $(PY) -m pytest -q -rs --only-mpi tests/mpi || exit 1; \
 	done
@@ -66,4 +82,4 @@ bench: $(SETUP)
 	$(MPIRUN) -n 4 $(PY) -m minidist.bench collectives
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .test-logs
