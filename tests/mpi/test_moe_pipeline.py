@@ -27,7 +27,9 @@ from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, e
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
-    MPI.COMM_WORLD.Get_size() in (1, 3), reason="MoE in a pipeline runs at 2 ranks (2 stages) and 4 (2 stages x 2 replicas); 1 has no stage before the last, 3 stages add nothing the dense pipeline tests do not")]
+    MPI.COMM_WORLD.Get_size() in (1, 3),
+    reason="MoE in a pipeline runs at 2 ranks (2 stages) and 4 (2 stages x 2 replicas): 1 has no stage "
+           "before the last, and 3 stages add nothing the dense pipeline tests do not")]
 
 COMM = MPI.COMM_WORLD
 WORLD = COMM.Get_size()
