@@ -79,7 +79,8 @@ def test_the_hint_runs():
     """The command the refusal prints fixes every flag at once: it runs and matches."""
     proc = mpirun(4, ["--experts", "2", "--top-k", "3", "--steps", "1"])
     assert proc.returncode == 2, proc.stderr
-    hint = proc.stderr.split("this works: ")[1].split()
+    said = next(line for line in proc.stderr.splitlines() if "this works: " in line)   # not the launcher's banner
+    hint = said.split("this works: ")[1].split()
     assert hint[:6] == ["mpirun", "-n", "4", "python", "-m", LESSON], hint
     fixed = mpirun(int(hint[2]), hint[6:])
     assert fixed.returncode == 0 and "verdict: MATCH" in fixed.stdout, fixed.stdout[-1500:] + fixed.stderr[-1500:]
