@@ -35,6 +35,9 @@ from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, e
 from minidist.train import TrainConfig, get_lr, micro_batches, train_step
 
 pytestmark = pytest.mark.mpi
+UP_TO_RANKS = 4
+WHY = ("the schedules are simulated and validated up to p = 8 in tests/test_schedules.py, and the "
+       "executor runs pipelines inside 8 ranks in test_3d_parallel.py")
 
 COMM = MPI.COMM_WORLD
 WORLD = COMM.Get_size()
