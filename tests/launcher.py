@@ -54,3 +54,11 @@ def our_lines(text):
         elif not inside and line.strip():
             lines.append(line)
     return lines
+
+
+def logging_launcher(folder):
+    """(a launcher script in folder that notes its arguments and starts the real one, the log)."""
+    log, script = folder / "launched.txt", folder / "my-mpirun"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {log}\nexec {shlex.join(MPIRUN)} \"$@\"\n")
+    script.chmod(0o755)
+    return script, log

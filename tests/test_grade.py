@@ -2,7 +2,6 @@
 exit 2 in one line, a class is graded from a folder into one JSON. (Under mpirun: test_planted.py.)"""
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import MPIRUN, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+from launcher import logging_launcher, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
 from minidist.grader import command as grade, referee
 from minidist.grader.checks import ex00_autograd
 
@@ -113,10 +112,7 @@ def test_exceptions_name_the_students_line():
 @needs_mpirun
 def test_without_mpirun_a_multi_rank_file_is_graded_in_jobs_of_its_own(tmp_path):
     """The launcher named in MINIDIST_MPIRUN starts one job per rank count, each file alone."""
-    log = tmp_path / "launched.txt"
-    fake = tmp_path / "my-mpirun"
-    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {log}\nexec {shlex.join(MPIRUN)} \"$@\"\n")
-    fake.chmod(0o755)
+    fake, log = logging_launcher(tmp_path)
     env = dict(os.environ, MINIDIST_MPIRUN=str(fake), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "02", "--only", "2.2",
                            "--ranks", "3", PLANTED / "02_good_student.py"],

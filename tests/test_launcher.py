@@ -2,12 +2,11 @@
 suite run with MINIDIST_MPIRUN set to a wrapper starts its jobs through the wrapper, and a
 launcher that does not exist stops the run with one message instead of skipping tests."""
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from launcher import MPIRUN, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
+from launcher import logging_launcher, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,10 +18,7 @@ def pytest_run(env, *args):
 
 @needs_mpirun
 def test_the_tests_start_their_jobs_with_the_named_launcher(tmp_path):
-    log = tmp_path / "launched.txt"
-    wrapper = tmp_path / "my-mpirun"
-    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {log}\nexec {shlex.join(MPIRUN)} \"$@\"\n")
-    wrapper.chmod(0o755)
+    wrapper, log = logging_launcher(tmp_path)
     env = dict(os.environ, MINIDIST_MPIRUN=str(wrapper), OMP_NUM_THREADS="1")
     proc = pytest_run(env, "tests/test_lessons.py", "-k", "says_it_is_single_process or trace_into_a_missing_folder")
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout + proc.stderr
