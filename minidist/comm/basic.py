@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, refuse, shape_of
+from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
 from minidist.comm.watchdog import waiting
 
 TAG_BROADCAST, TAG_REDUCE, TAG_DOUBLING = 30011, 30012, 30013
@@ -39,12 +39,12 @@ def broadcast(comm, x, root=0, check=True):
         if rank == root:
             out = np.array(x, copy=True, order="C")
             # the root posts one send per rank, then waits for all of them
-            requests = [comm.Isend(out, dest, TAG_BROADCAST) for dest in range(size) if dest != root]
+            requests = [comm.Isend(wire(out), dest, TAG_BROADCAST) for dest in range(size) if dest != root]
             MPI.Request.Waitall(requests)
             stats.add(sent=out.nbytes * (size - 1), messages=size - 1)
         else:
             out = np.empty(shape, dtype)
-            comm.Recv(out, root, TAG_BROADCAST)               # wait for the root's copy
+            comm.Recv(wire(out), root, TAG_BROADCAST)               # wait for the root's copy
             stats.add(recv=out.nbytes)
         return out
 
@@ -60,7 +60,7 @@ def reduce(comm, x, root=0, op="sum", check=True):
             refuse(comm, x, "reduce", op=op, root=root)
         src = np.asarray(x, order="C")
         if rank != root:
-            comm.Send(src, root, TAG_REDUCE)                  # hand my array to the root
+            comm.Send(wire(src), root, TAG_REDUCE)                  # hand my array to the root
             stats.add(sent=src.nbytes, messages=1)
             return None
         combine, incoming = reduce_ufunc(op), np.empty_like(src)
@@ -69,7 +69,7 @@ def reduce(comm, x, root=0, op="sum", check=True):
             if r == root:
                 piece = src
             else:
-                comm.Recv(incoming, r, TAG_REDUCE)
+                comm.Recv(wire(incoming), r, TAG_REDUCE)
                 stats.add(recv=incoming.nbytes)
                 piece = incoming
             out = piece.copy() if out is None else combine(out, piece, out=out)
@@ -125,7 +125,7 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
         while distance < p2:
             partner = real(vrank ^ distance)
             # swap whole arrays with the partner, then both add the same two arrays
-            comm.Sendrecv(acc, partner, TAG_DOUBLING, incoming, partner, TAG_DOUBLING)
+            comm.Sendrecv(wire(acc), partner, TAG_DOUBLING, wire(incoming), partner, TAG_DOUBLING)
             stats.add(sent=acc.nbytes, recv=incoming.nbytes, messages=1)
             lo, hi = (incoming, acc) if partner < rank else (acc, incoming)
             combine(lo, hi, out=acc)
@@ -136,10 +136,10 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
 
 
 def _send(comm, buf, dest):
-    comm.Send(buf, dest, TAG_DOUBLING)
+    comm.Send(wire(buf), dest, TAG_DOUBLING)
     stats.add(sent=buf.nbytes, messages=1)
 
 
 def _recv(comm, buf, source):
-    comm.Recv(buf, source, TAG_DOUBLING)
+    comm.Recv(wire(buf), source, TAG_DOUBLING)
     stats.add(recv=buf.nbytes)

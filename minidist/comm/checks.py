@@ -12,7 +12,10 @@ it (the benchmark does, to time the algorithm alone): what a rank can see alone 
 unknown op, a dtype MPI cannot carry) is still refused, with the same error, by
 `refuse`.
 
-Also here: the reduction ops (sum, avg, max) as in-place NumPy ufuncs, and `agree`.
+Also here: the reduction ops (sum, avg, max) as in-place NumPy ufuncs, `agree`, and
+`wire`: bfloat16 (from the small ml_dtypes package; NumPy has no 16-bit brain float) is a
+dtype the collectives carry and reduce like any float, but MPI has no type for it, so its
+buffers travel as their raw 16-bit patterns (uint16 views); the reductions stay bf16.
 """
 import zlib
 
@@ -30,6 +33,16 @@ OPS = ("sum", "avg", "max")
 KINDS = ("ring_all_reduce", "naive_all_reduce", "recursive_doubling_all_reduce",
          "mpi_all_reduce", "ring_all_reduce_start", "ring_reduce_scatter", "ring_all_gather",
          "broadcast", "reduce", "all_to_all", "all_to_all_v", "send")
+
+
+def is_bfloat16(dtype):
+    """True for ml_dtypes' bfloat16 (kind 'V' to NumPy, but a float to every collective)."""
+    return dtype.name == "bfloat16"
+
+
+def wire(buf):
+    """The buffer MPI is handed: a bfloat16 array as its uint16 bit patterns, else buf itself."""
+    return buf.view(np.uint16) if is_bfloat16(buf.dtype) else buf
 
 
 def kind_code(name):
@@ -79,11 +92,11 @@ def local_problem(x, op=None, axis=None, root=None, size=None, described=True):
         return 6
     if x is None:
         return 0
-    if x.dtype.kind not in "biufc" or not x.dtype.isnative:
+    if (x.dtype.kind not in "biufc" and not is_bfloat16(x.dtype)) or not x.dtype.isnative:
         return 3
     if op is not None and x.dtype.kind == "b":
         return 9
-    if op == "avg" and x.dtype.kind not in "fc":
+    if op == "avg" and x.dtype.kind not in "fc" and not is_bfloat16(x.dtype):
         return 2
     if op == "max" and x.dtype.kind == "c":
         return 8
@@ -129,8 +142,11 @@ def dtype_of(row):
     if row[1] < 0:
         return None
     try:
+        if chr(int(row[2])) == "E" and int(row[3]) == 2:      # bfloat16's letter
+            import ml_dtypes
+            return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(chr(int(row[2])))
-    except TypeError:           # a dtype MPI cannot carry (refused): name it by its letter
+    except (TypeError, ImportError):           # a dtype MPI cannot carry (refused): name it by its letter
         return chr(int(row[2]))
 
 

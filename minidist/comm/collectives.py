@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, shape_of
+from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
 from minidist.comm.watchdog import waiting
 
 # Tags of the blocking collectives: a range of their own, so a user's send/recv (tags
@@ -40,7 +40,7 @@ def chunk_bounds(n, size):
 
 def sendrecv(comm, sendbuf, dest, recvbuf, source, tag):
     """One ring step: send `sendbuf` to dest while receiving `recvbuf` from source."""
-    comm.Sendrecv(sendbuf, dest, tag, recvbuf, source, tag)
+    comm.Sendrecv(wire(sendbuf), dest, tag, wire(recvbuf), source, tag)
     stats.add(sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
 
 

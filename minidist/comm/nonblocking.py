@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
-from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, refuse, verify
+from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, refuse, verify, wire
 from minidist.comm.collectives import _flat, chunk_bounds
 from minidist.comm.watchdog import waiting
 
@@ -100,8 +100,8 @@ class RingAllReduce:
             send_c, self.recv_c = (r - t) % n, (r - t - 1) % n
             sendbuf = self._chunk(self.out, send_c)
         recvbuf = self._chunk(self.out, self.recv_c)
-        self.requests = [self.comm.Irecv(recvbuf, (r - 1) % n, self.tag),
-                         self.comm.Isend(sendbuf, (r + 1) % n, self.tag)]
+        self.requests = [self.comm.Irecv(wire(recvbuf), (r - 1) % n, self.tag),
+                         self.comm.Isend(wire(sendbuf), (r + 1) % n, self.tag)]
         stats.add(self.name, sent=sendbuf.nbytes, recv=recvbuf.nbytes, messages=1)
 
     def _finish_step(self):

@@ -21,7 +21,7 @@ import numpy as np
 
 from minidist.comm import stats
 from minidist.comm.checks import (DESC_LEN, PROBLEMS, MismatchError, describe, dtype_of, exchange, gather,
-                                  kind_code, local_problem, post, shape_of, verify)
+                                  kind_code, local_problem, post, shape_of, verify, wire)
 from minidist.comm.collectives import TAG_ALL_TO_ALL, chunk_bounds, sendrecv
 from minidist.comm.watchdog import waiting
 
@@ -44,7 +44,7 @@ def send(comm, x, dest, tag=0):
     with waiting(f"send to rank {dest}, tag {tag}"):
         comm.Send(header, dest, tag)                  # first: what is coming
         stats.add_check(sent=header.nbytes)
-        comm.Send(x, dest, tag)                       # then: the data itself
+        comm.Send(wire(x), dest, tag)                 # then: the data itself
     stats.add("send", sent=x.nbytes, messages=1, calls=1)
 
 
@@ -59,7 +59,7 @@ def recv(comm, source, tag=0):
             raise ValueError(f"recv: the message from rank {source} with tag {tag} is not the "
                              "header of a minidist send (did it use comm.Send directly?)")
         out = np.empty(shape_of(header), dtype_of(header))
-        comm.Recv(out, source, tag)
+        comm.Recv(wire(out), source, tag)
     stats.add("recv", recv=out.nbytes, calls=1)
     return out
 
