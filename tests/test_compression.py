@@ -1,0 +1,110 @@
+"""The pure functions of gradient compression (minidist/parallel/compression.py), on one process.
+
+    python -m pytest -q tests/test_compression.py
+
+1-bit: packing when n is not a multiple of 8, dtype kept, the L1 norm of the
+decompressed vector equal to v's, error feedback (v = decompressed + new residual),
+zero vectors, no writes into the inputs. int8: the scale, |error| <= scale / 2, zeros.
+orthogonalize: orthonormal columns, zero columns for a rank-deficient matrix (no nan).
+powersgd_step on one rank (COMM_SELF): full rank gives M back.
+"""
+import numpy as np
+import pytest
+
+from minidist.parallel import compression as C
+
+DTYPES = [np.float32, np.float64]
+
+
+def data(n, dtype, seed=0):
+    return np.random.default_rng([seed, n]).standard_normal(n).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 64])
+def test_onebit_round_trip(n, dtype):
+    x, res = data(n, dtype), data(n, dtype, seed=1) * 0.1
+    x0, res0 = x.copy(), res.copy()
+    packed, scale, new_res = C.onebit_compress(x, res)
+    assert np.array_equal(x, x0) and np.array_equal(res, res0), "onebit_compress wrote into its inputs"
+    assert packed.dtype == np.uint8 and packed.shape == (-(-n // 8),), f"packed {packed.shape} {packed.dtype}"
+    assert np.asarray(scale).dtype == dtype and new_res.dtype == dtype, "the dtype must be kept"
+    v = x + res
+    assert np.isclose(scale, np.mean(np.abs(v)), rtol=1e-6), "scale = mean |x + residual|"
+    out = C.onebit_decompress(packed, scale, n)
+    assert out.dtype == dtype and out.shape == (n,)
+    assert np.array_equal(np.sign(out), np.where(v >= 0, 1, -1)), "signs of x + residual (0 counts as +)"
+    assert np.all(np.abs(out) == scale)
+    assert np.allclose(np.abs(out).sum(), np.abs(v).sum(), rtol=1e-5), "same L1 norm as v"
+    assert np.allclose(out + new_res, v, rtol=0, atol=1e-6 if dtype == np.float32 else 1e-15), \
+        "decompressed + new residual must give x + residual back"
+
+
+def test_onebit_zero_and_empty():
+    for n in (0, 5):
+        packed, scale, res = C.onebit_compress(np.zeros(n), np.zeros(n))
+        assert scale == 0 and np.array_equal(res, np.zeros(n))
+        assert np.array_equal(C.onebit_decompress(packed, scale, n), np.zeros(n))
+    packed, _, _ = C.onebit_compress(np.array([0.0, -1.0, 2.0]), np.zeros(3))
+    assert list(np.unpackbits(packed, count=3)) == [1, 0, 1], "zero counts as +"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 13, 1000])
+def test_int8_round_trip(n, dtype):
+    x = data(n, dtype) * 3
+    x0 = x.copy()
+    q, scale = C.int8_compress(x)
+    assert np.array_equal(x, x0), "int8_compress wrote into its input"
+    assert q.dtype == np.int8 and q.shape == x.shape and np.asarray(scale).dtype == dtype
+    assert np.isclose(scale, np.max(np.abs(x)) / 127, rtol=1e-6)
+    assert np.max(np.abs(q.astype(int))) == 127
+    out = C.int8_decompress(q, scale)
+    assert out.dtype == dtype
+    assert np.all(np.abs(out - x) <= scale / 2 * (1 + 1e-5)), "|error| <= scale / 2 per element"
+
+
+def test_int8_zero():
+    q, scale = C.int8_compress(np.zeros(9, np.float32))
+    assert scale == 0 and np.array_equal(q, np.zeros(9, np.int8))
+    assert np.array_equal(C.int8_decompress(q, scale), np.zeros(9, np.float32))
+
+
+def test_orthogonalize():
+    rng = np.random.default_rng(3)
+    P = rng.standard_normal((10, 4))
+    P0 = P.copy()
+    Q = C.orthogonalize(P)
+    assert np.array_equal(P, P0), "orthogonalize wrote into its input"
+    assert np.allclose(Q.T @ Q, np.eye(4), atol=1e-14)
+    assert np.allclose(Q @ (Q.T @ P), P, atol=1e-13), "same column space as P"
+
+
+def test_orthogonalize_rank_deficient():
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((8, 2))
+    P = np.column_stack([A[:, 0], A[:, 1], A[:, 0] - 2 * A[:, 1], np.zeros(8)])   # rank 2
+    Q = C.orthogonalize(P)
+    assert not np.any(np.isnan(Q)), "a dependent or zero column gave nan"
+    assert np.allclose(Q[:, 2:], 0), "dependent and zero columns must stay zero"
+    assert np.allclose(Q[:, :2].T @ Q[:, :2], np.eye(2), atol=1e-14)
+    assert np.allclose(Q @ (Q.T @ P), P, atol=1e-13), "P @ P.T still projects onto P's columns"
+    assert np.array_equal(C.orthogonalize(np.zeros((5, 3))), np.zeros((5, 3)))
+
+
+def test_powersgd_one_rank_full_rank():
+    from mpi4py import MPI
+    rng = np.random.default_rng(5)
+    M, Q = rng.standard_normal((6, 4)), rng.standard_normal((4, 4))
+    M0, Q0 = M.copy(), Q.copy()
+    approx, Q_new = C.powersgd_step(MPI.COMM_SELF, M, Q)
+    assert np.array_equal(M, M0) and np.array_equal(Q, Q0), "powersgd_step wrote into its inputs"
+    assert Q_new.shape == (4, 4)
+    assert np.max(np.abs(approx - M)) <= 1e-12 * np.max(np.abs(M))
+
+
+def test_ring_bytes():
+    # 10 items on 4 ranks: chunks 3, 3, 2, 2
+    assert [C.ring_bytes(10, 4, r, 4) for r in range(4)] == [4 * (20 - 3 - 3), 4 * (20 - 3 - 2),
+                                                             4 * (20 - 2 - 2), 4 * (20 - 2 - 3)]
+    assert C.ring_bytes(10, 1, 0, 4) == 0
