@@ -108,3 +108,39 @@ def test_ring_bytes():
     assert [C.ring_bytes(10, 4, r, 4) for r in range(4)] == [4 * (20 - 3 - 3), 4 * (20 - 3 - 2),
                                                              4 * (20 - 2 - 2), 4 * (20 - 2 - 3)]
     assert C.ring_bytes(10, 1, 0, 4) == 0
+
+
+class Fake:
+    def __init__(self, shapes):
+        from types import SimpleNamespace
+        self.ps = [SimpleNamespace(data=np.zeros(s), grad=None) for s in shapes]
+
+    def parameters(self):
+        return list(self.ps)
+
+    def named_parameters(self):
+        return [(f"p{i}", p) for i, p in enumerate(self.ps)]
+
+
+def test_bad_arguments():
+    from mpi4py import MPI
+    comm, model = MPI.COMM_SELF, Fake([(5, 3), (4, 8), (7,)])
+    with pytest.raises(ValueError, match="none, fp16, int8, 1bit, powersgd"):
+        C.CompressedDataParallel(model, comm, "2bit")
+    with pytest.raises(ValueError, match="largest allowed rank is 4"):
+        C.CompressedDataParallel(model, comm, "powersgd", rank=5)
+    with pytest.raises(ValueError, match="largest allowed rank"):
+        C.CompressedDataParallel(model, comm, "powersgd", rank=0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        C.CompressedDataParallel(model, comm, "1bit", warmup_steps=-1)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        C.CompressedDataParallel(model, comm, "powersgd", bucket_bytes=64)
+    dp = C.CompressedDataParallel(model, comm, "powersgd", rank=4)
+    assert dp.ranks == {0: 3, 1: 4}, "each matrix gets min(rank, n, m)"
+
+
+def test_one_rank_formulas():
+    """On one rank nothing travels; the run formula counts warm-up steps as uncompressed."""
+    from mpi4py import MPI
+    dp = C.CompressedDataParallel(Fake([(5, 3), (7,)]), MPI.COMM_SELF, "1bit", warmup_steps=3)
+    assert dp.bytes_formula() == dp.uncompressed_bytes() == dp.compressed_bytes() == dp.run_formula(10) == 0

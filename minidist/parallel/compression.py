@@ -1,7 +1,8 @@
 """Gradient compression for data parallelism: send fewer bytes per step, keep what was
 not sent for later (error feedback), and still converge.
 
-    mpirun -n 4 python -m minidist.lessons.10_precision_and_compression
+    dp = CompressedDataParallel(model, comm, "1bit", warmup_steps=100)
+    train_step(model, optimizer, batches, lr, dp=dp)      # minidist/train.py's dp slot
 
 Plain data parallelism sends 2(N-1)/N x (gradient bytes) per rank per step (a ring
 all-reduce of fp32 gradients). The compressors here send less:
@@ -17,8 +18,10 @@ all-reduce of fp32 gradients). The compressors here send less:
 
 fp16: the sum of float16 numbers is a float16 number, so the ring all-reduce (a
 reduce-scatter that adds hop by hop, then an all-gather) works unchanged. Each rank
-divides by N *before* the cast, so the running sum never exceeds the largest gradient
-seen and cannot overflow float16's 65504 where the fp32 average would not.
+divides by N *before* the cast, so every partial sum of the ring is at most the largest
+|gradient| of any rank: it overflows float16 (above 65504) only if a gradient itself
+does, never because N gradients were added. Values below 6e-5 lose precision (float16's
+subnormals); the relative error per element is about (N+1) x 2^-11.
 
 int8 and 1bit: the sum of two int8 codes (with their own scales) or of two sign vectors
 is neither, so a ring cannot add them hop by hop. 1-bit Adam's two-phase scheme instead:
@@ -55,10 +58,18 @@ gradients equals the sum of the true average gradients minus the residual still 
   P Q^T of rank r: P = M Q, all-reduced, orthogonalized; Q = M^T P, all-reduced;
   one power iteration per step, with Q reused from the previous step (a warm start
   that makes one iteration enough). Every rank's M includes its error feedback, and its
-  new error is M minus the averaged approximation (the rule of the paper's reference
-  code and of PyTorch's powerSGD hook). The P's of all matrices travel in one
+  new error is M minus the averaged approximation (PyTorch's powerSGD hook's rule; the
+  ranks' mean error is the same as with each rank's own P P^T M subtracted, so the sum
+  rule above holds either way). The P's of all matrices travel in one
   all-reduce, the Q's in another; vectors (biases, layer-norm weights) are small and
   go uncompressed, in one more all-reduce, as the paper and PyTorch's hook do.
+  One addition of ours: when a step's summed M has rank below r, Gram-Schmidt zeroes
+  the dependent columns of P, hence of Q, and the warm start would keep them zero for
+  ever; such a column of Q is drawn again (from the seed, the same on every rank).
+
+The warm-up (`warmup_steps` uncompressed syncs) applies to every compressor; with
+`bucket_bytes` the flat compressors work bucket by bucket, each with its own chunks
+and scales (PowerSGD takes none: it batches all matrices into one all-reduce).
 
 The pure functions (onebit_compress, int8_compress, orthogonalize, powersgd_step, ...)
 are exercises; CompressedDataParallel calls them through this module's globals, so a
@@ -84,7 +95,7 @@ def onebit_compress(x, residual):
     The scale is the mean absolute value of v, so the decompressed vector (+-scale)
     has the same L1 norm as v. A zero counts as +. new_residual = v - decompressed: what
     this step did not send, added to the next step's x (error feedback). Returns new
-    arrays in x's dtype; x and residual are left as they are. (Exercise 10.x.)
+    arrays in x's dtype; x and residual are left as they are.
     """
     x = np.asarray(x)
     v = x + np.asarray(residual, dtype=x.dtype)
@@ -175,3 +186,283 @@ def ring_bytes(n, size, rank, itemsize):
     b = chunk_bounds(n, size)
     length = lambda c: b[c + 1] - b[c]
     return itemsize * (2 * n - length(rank) - length((rank + 1) % size))
+
+
+# ----------------------------------------------------------------------------- messages
+
+def _pack(scale, payload, dtype):
+    """One uint8 message: the scale's bytes (in the gradients' dtype), then the payload's."""
+    head = np.asarray([scale], dtype=dtype).view(np.uint8)
+    return np.concatenate([head, np.ascontiguousarray(payload).reshape(-1).view(np.uint8)])
+
+
+def _unpack(msg, dtype):
+    """(scale, payload bytes) of a message made by _pack."""
+    k = np.dtype(dtype).itemsize
+    return msg[:k].copy().view(dtype)[0], msg[k:]
+
+
+def _payload_bytes(compressor, n):
+    """Bytes of n compressed values: one per int8 code, one per 8 signs."""
+    return n if compressor == "int8" else -(-n // 8)
+
+
+# ----------------------------------------------------------------------------- the synchroniser
+
+class CompressedDataParallel:
+    """Data parallelism whose gradient average travels compressed (see the module text).
+
+    The same slot as NaiveDataParallel (minidist/train.py's dp): all communication
+    happens in sync(), after the last backward. compressor: "none", "fp16", "int8",
+    "1bit" or "powersgd". The first `warmup_steps` syncs send plain fp32 (1-bit Adam's
+    warm-up); bucket_bytes cuts the flat gradient into buckets of that many bytes, each
+    compressed with its own chunks and scales (None: one bucket); rank and seed are
+    PowerSGD's rank r and the seed of its first Q (the same on every rank).
+    """
+
+    def __init__(self, model, comm, compressor, rank=4, warmup_steps=0, bucket_bytes=None, seed=0):
+        if compressor not in COMPRESSORS:
+            raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, not {compressor!r}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be 0 or more, not {warmup_steps}")
+        if bucket_bytes is not None and (compressor == "powersgd" or bucket_bytes <= 0):
+            raise ValueError("bucket_bytes must be a positive number of bytes, and powersgd takes none "
+                             f"(it batches all matrices into one all-reduce), not {bucket_bytes!r}")
+        self.model, self.comm, self.compressor = model, comm, compressor
+        self.rank, self.warmup_steps, self.seed = rank, warmup_steps, seed
+        named = (list(model.named_parameters()) if hasattr(model, "named_parameters")
+                 else [(f"p{i}", p) for i, p in enumerate(model.parameters())])
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.dtype = np.dtype(self.params[0].data.dtype)
+        self.size, self.me = comm.Get_size(), comm.Get_rank()
+        self.n = sum(int(p.data.size) for p in self.params)
+        self.steps, self.last_sent = 0, 0
+        self.buckets = [(0, self.n)]
+        if bucket_bytes is not None:
+            step = max(1, bucket_bytes // self.dtype.itemsize)
+            self.buckets = [(lo, min(lo + step, self.n)) for lo in range(0, self.n, step)]
+        # error feedback of 1-bit: this worker's residual of the whole flat vector, and
+        # as the server of chunk `me` of every bucket, that chunk's residual
+        self.worker_error = np.zeros(self.n if compressor == "1bit" else 0, self.dtype)
+        self.server_error = [np.zeros(self._own_chunk(lo, hi) if compressor == "1bit" else 0, self.dtype)
+                             for lo, hi in self.buckets]
+        if compressor == "powersgd":
+            self._setup_powersgd(rank, seed)
+
+    def _own_chunk(self, lo, hi):
+        b = chunk_bounds(hi - lo, self.size)
+        return b[self.me + 1] - b[self.me]
+
+    def _setup_powersgd(self, rank, seed):
+        """Matrices (ndim >= 2, seen as shape[0] x rest) get rank min(rank, n, m), a Q drawn
+        from `seed` (the same on every rank) and a zero error; vectors go uncompressed."""
+        shapes = [(p.data.shape[0], p.data.size // p.data.shape[0]) for p in self.params]
+        self.matrices = [i for i, p in enumerate(self.params) if p.data.ndim >= 2]
+        self.vectors = [i for i, p in enumerate(self.params) if p.data.ndim < 2]
+        if self.matrices:
+            largest = max(self.matrices, key=lambda i: min(shapes[i]))
+            allowed = min(shapes[largest])
+            if not 1 <= rank <= allowed:
+                raise ValueError(f"powersgd rank must be 1..{allowed}: the largest allowed rank is "
+                                 f"{allowed}, min(n, m) of the largest matrix ({self.names[largest]}, "
+                                 f"{shapes[largest][0]} x {shapes[largest][1]}), not {rank}")
+        rng = np.random.default_rng(seed)
+        self.shapes = {i: shapes[i] for i in self.matrices}
+        self.ranks = {i: min(rank, *shapes[i]) for i in self.matrices}
+        self.Q = {i: rng.standard_normal((shapes[i][1], self.ranks[i])).astype(self.dtype)
+                  for i in self.matrices}
+        self.error = {i: np.zeros(shapes[i], self.dtype) for i in self.matrices}
+
+    # -- the dp slot
+    def __call__(self, *args, **kw):
+        return self.model(*args, **kw)
+
+    @contextlib.contextmanager
+    def backward_context(self, last):
+        """Wrap one micro-batch's backward: nothing to do, all communication is in sync()."""
+        yield
+
+    def no_sync(self):
+        return self.backward_context(last=False)
+
+    def warming_up(self):
+        """Whether the next sync() sends uncompressed fp32 (one of the first warmup_steps)."""
+        return self.steps < self.warmup_steps
+
+    def sync(self):
+        """Average the gradients over ranks, compressed; p.grad becomes the (decompressed) average."""
+        grads = [np.zeros(p.data.shape, self.dtype) if p.grad is None else to_numpy(p.grad)
+                 for p in self.params]
+        with stats.measure() as m:
+            if self.compressor == "powersgd" and not self.warming_up():
+                out = self._powersgd(grads)
+            else:
+                flat = np.concatenate([g.reshape(-1) for g in grads]).astype(self.dtype, copy=False)
+                done = np.concatenate([self._bucket(flat[lo:hi], b) for b, (lo, hi) in enumerate(self.buckets)])
+                offsets = np.cumsum([0] + [g.size for g in grads])
+                out = [done[a:b].reshape(g.shape) for a, b, g in zip(offsets[:-1], offsets[1:], grads)]
+        self.last_sent = sum(m.bytes_sent(name) for name in DATA_COLLECTIVES)
+        for p, g in zip(self.params, out):
+            p.grad = xp.asarray(g.copy())
+        self.steps += 1
+
+    # -- the flat compressors, one bucket at a time
+    def _bucket(self, x, b):
+        """The average over ranks of bucket b (x: this rank's piece of the flat gradient)."""
+        if self.compressor == "none" or self.warming_up():
+            return ring_all_reduce(self.comm, x) / self.size
+        if self.compressor == "fp16":      # divide first: no partial sum exceeds the largest |gradient|
+            half = (x / self.size).astype(np.float16)
+            return ring_all_reduce(self.comm, half).astype(self.dtype)
+        return self._two_phase(x, b)
+
+    def _compress(self, x, lo):
+        """One message for x (flat positions lo...): int8 codes, or 1-bit signs with the
+        worker's error feedback."""
+        if self.compressor == "int8":
+            q, scale = int8_compress(x)
+            return _pack(scale, np.asarray(q, np.int8), self.dtype)
+        packed, scale, residual = onebit_compress(x, self.worker_error[lo:lo + x.size])
+        self.worker_error[lo:lo + x.size] = residual
+        return _pack(scale, packed, self.dtype)
+
+    def _decompress(self, msg, n):
+        scale, payload = _unpack(msg, self.dtype)
+        if self.compressor == "int8":
+            return int8_decompress(payload.view(np.int8), scale)
+        return onebit_decompress(payload, scale, n)
+
+    def _two_phase(self, x, b):
+        """1-bit Adam's scheme: compressed reduce-scatter (all_to_all_v), then a compressed
+        all-gather (ring_all_gather) of the averaged chunks, compressed again."""
+        N, me, lo = self.size, self.me, self.buckets[b][0]
+        bounds = chunk_bounds(x.size, N)
+        # phase 1: chunk j, compressed with its own scale, goes to rank j
+        got = all_to_all_v(self.comm, [self._compress(x[bounds[j]:bounds[j + 1]], lo + bounds[j])
+                                       for j in range(N)])
+        mine = bounds[me + 1] - bounds[me]
+        avg = sum(self._decompress(msg, mine) for msg in got) / N
+        # phase 2: my averaged chunk, compressed again (1-bit: with the server's error feedback)
+        if self.compressor == "int8":
+            q, scale = int8_compress(avg)
+            msg = _pack(scale, np.asarray(q, np.int8), self.dtype)
+        else:
+            packed, scale, self.server_error[b] = onebit_compress(avg, self.server_error[b])
+            msg = _pack(scale, packed, self.dtype)
+        joined = ring_all_gather(self.comm, msg)
+        pieces, at = [], 0
+        for j in range(N):
+            length = self.dtype.itemsize + _payload_bytes(self.compressor, bounds[j + 1] - bounds[j])
+            pieces.append(self._decompress(joined[at:at + length], bounds[j + 1] - bounds[j]))
+            at += length
+        return np.concatenate(pieces).astype(self.dtype, copy=False)
+
+    # -- PowerSGD
+    def _powersgd(self, grads):
+        """One power iteration for every matrix at once: all P's in one ring all-reduce,
+        all Q's in another; the vectors in a third, uncompressed."""
+        N, out = self.size, list(grads)
+        M = {i: grads[i].reshape(self.shapes[i]) + self.error[i] for i in self.matrices}
+        if self.matrices:
+            P = self._all_reduce_parts({i: M[i] @ self.Q[i] for i in self.matrices})
+            P = {i: orthogonalize(P[i]) for i in self.matrices}
+            self.Q = self._all_reduce_parts({i: M[i].T @ P[i] for i in self.matrices})
+            for i in self.matrices:
+                approx = P[i] @ self.Q[i].T / N
+                self.error[i] = M[i] - approx     # what this rank put in and the average lacks
+                out[i] = approx.reshape(grads[i].shape)
+                self.Q[i] = self._redraw_zero_columns(i, self.Q[i])
+        if self.vectors:
+            avg = self._all_reduce_parts({i: grads[i] for i in self.vectors})
+            for i in self.vectors:
+                out[i] = avg[i] / N
+        return out
+
+    def _redraw_zero_columns(self, i, Q):
+        """A column of P that orthogonalize() zeroed (this step's summed M had rank < r: a
+        matrix fed by a layer norm's output, whose rows sum to zero, does at the start)
+        makes a zero column of Q, and the warm start would keep it zero for good (a full-rank
+        run would stop being exact): draw it again, from (seed, step, matrix), the same on
+        every rank, as the first Q was."""
+        dead = np.flatnonzero(~np.any(Q, axis=0))
+        if dead.size == 0:
+            return Q
+        Q = Q.copy()
+        fresh = np.random.default_rng([self.seed, self.steps, i]).standard_normal(Q.shape)
+        Q[:, dead] = fresh[:, dead]
+        return Q
+
+    def _all_reduce_parts(self, parts):
+        """Sum {key: array} over ranks as one flat ring all-reduce; the same keys and shapes back."""
+        flat = ring_all_reduce(self.comm, np.concatenate([a.reshape(-1) for a in parts.values()]))
+        out, at = {}, 0
+        for key, a in parts.items():
+            out[key] = flat[at:at + a.size].reshape(a.shape)
+            at += a.size
+        return out
+
+    # -- bytes, from the formulas
+    def uncompressed_bytes(self):
+        """Bytes this rank sends in one fp32 (the gradients' dtype) ring all-reduce of the gradient."""
+        k = self.dtype.itemsize
+        return sum(ring_bytes(hi - lo, self.size, self.me, k) for lo, hi in self.buckets)
+
+    def compressed_bytes(self):
+        """Bytes this rank sends in one sync() after the warm-up."""
+        N, me, k = self.size, self.me, self.dtype.itemsize
+        if self.compressor == "none":
+            return self.uncompressed_bytes()
+        if self.compressor == "fp16":
+            return sum(ring_bytes(hi - lo, N, me, 2) for lo, hi in self.buckets)
+        if self.compressor == "powersgd":
+            p = sum(self.shapes[i][0] * self.ranks[i] for i in self.matrices)
+            q = sum(self.shapes[i][1] * self.ranks[i] for i in self.matrices)
+            v = sum(self.params[i].data.size for i in self.vectors)
+            return sum(ring_bytes(c, N, me, k) for c in (p, q, v))
+        total = 0
+        for lo, hi in self.buckets:
+            b = chunk_bounds(hi - lo, N)
+            msg = [k + _payload_bytes(self.compressor, b[j + 1] - b[j]) for j in range(N)]
+            # phase 1 sends every chunk but my own; the ring all-gather every chunk but my right neighbour's
+            total += sum(msg) - msg[me] + (sum(msg) - msg[(me + 1) % N] if N > 1 else 0)
+        return total
+
+    def bytes_formula(self):
+        """Bytes this rank sends in the next sync(): uncompressed while warming up."""
+        return self.uncompressed_bytes() if self.warming_up() else self.compressed_bytes()
+
+    def run_formula(self, steps):
+        """Bytes this rank sends over `steps` syncs from the start, the warm-up included.
+        Over a long run with warm-up fraction w, 1 bit sends 1/(w + (1-w)/32) times less than fp32."""
+        w = min(steps, self.warmup_steps)
+        return w * self.uncompressed_bytes() + (steps - w) * self.compressed_bytes()
+
+    # -- checkpoints
+    def state_dict(self):
+        """{name: array}: the step counter, the error-feedback residuals, PowerSGD's Q's."""
+        d = {"steps": np.array(self.steps)}
+        if self.compressor == "1bit":
+            d["onebit.worker_error"] = self.worker_error.copy()
+            d["onebit.server_error"] = np.concatenate(self.server_error)
+        if self.compressor == "powersgd":
+            for i in self.matrices:
+                d[f"powersgd.Q.{self.names[i]}"] = self.Q[i].copy()
+                d[f"powersgd.error.{self.names[i]}"] = self.error[i].copy()
+        return d
+
+    def load_state_dict(self, d):
+        """Resume from state_dict()'s arrays (the same model, world size and compressor)."""
+        mine = self.state_dict()
+        if set(d) != set(mine) or any(np.shape(d[k]) != mine[k].shape for k in mine):
+            raise ValueError(f"load_state_dict: expected arrays {sorted((k, v.shape) for k, v in mine.items())}, "
+                             f"got {sorted((k, np.shape(v)) for k, v in d.items())}")
+        self.steps = int(d["steps"])
+        if self.compressor == "1bit":
+            self.worker_error = np.array(d["onebit.worker_error"], self.dtype)
+            cuts = np.cumsum([len(e) for e in self.server_error])[:-1]
+            self.server_error = np.split(np.array(d["onebit.server_error"], self.dtype), cuts)
+        if self.compressor == "powersgd":
+            for i in self.matrices:
+                self.Q[i] = np.array(d[f"powersgd.Q.{self.names[i]}"], self.dtype)
+                self.error[i] = np.array(d[f"powersgd.error.{self.names[i]}"], self.dtype)
