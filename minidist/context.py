@@ -56,6 +56,7 @@ MEMORY = _Memory()
 
 class Context:
     """What a Function's forward leaves for its backward."""
+    autocast = None           # mixed precision's rule, on the nodes it covers (minidist/precision.py)
 
     def __init__(self, needs_input_grad, param_ids, recording, params=()):
         self.needs_input_grad = needs_input_grad  # one bool per positional input

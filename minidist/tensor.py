@@ -133,6 +133,10 @@ def run_weight_grads(later):
 
 # ----------------------------------------------------------------------------- Function
 
+# Mixed precision's autocast rule while `precision.autocast(...)` is on (None: off). The
+# nodes of the ops it names run on 16-bit values; see minidist/precision.py.
+_AUTOCAST = None
+
 
 class Node:
     """One recorded call of a Function: its inputs and its outputs' gradient slots."""
@@ -174,7 +178,12 @@ class Function:
         params = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad
                   and t._node is None] if record else ()
         ctx = Context(needs, [id(t.data) for t in params], record, params)
-        out = cls.forward(ctx, *arrays, **kw)
+        policy = _AUTOCAST if _AUTOCAST is not None and cls in _AUTOCAST.ops else None
+        if policy is None:
+            out = cls.forward(ctx, *arrays, **kw)
+        else:                                     # mixed precision's rule (minidist/precision.py)
+            ctx.autocast = policy
+            out = policy.output(cls.forward(ctx, *policy.inputs(arrays), **kw))
         many = isinstance(out, tuple)
         outs = out if many else (out,)
         if not record:
@@ -308,6 +317,9 @@ class Tensor:
                      for g, (s, d) in zip(node.out_grads, node.out_shapes)]
             node.out_grads = None
             later = _defer(node) if _DEFERRED is not None and node.fn.WEIGHT_INPUTS else None
+            policy = ctx.autocast
+            if policy is not None:                # a 16-bit node: 16-bit gradients in
+                grads = [policy.round(g) for g in grads]
             in_grads = node.fn.backward(ctx, tuple(grads) if len(grads) > 1 else grads[0])
             if later:                             # W computes these; the ctx stays alive for it
                 _DEFERRED.append(WeightGrad(node.fn, ctx, grads[0], later))
@@ -315,6 +327,8 @@ class Tensor:
                 ctx.release()
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
+            if policy is not None:                # ... and 16-bit activation gradients out
+                in_grads = policy.grads_out(in_grads, node.inputs)
             for t, g in zip(node.inputs, in_grads):
                 if not isinstance(t, Tensor) or not t.requires_grad:
                     continue

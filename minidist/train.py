@@ -68,7 +68,7 @@ def micro_batch_scale(k):
     return 1.0 / k
 
 
-def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=None):
+def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=None, scaler=None):
     """One optimizer step. Returns (mean loss over the micro-batches, grad norm or None).
 
     batches: [(x, y, rng)] micro-batches; each loss is scaled by micro_batch_scale(k)
@@ -89,11 +89,17 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     parameter without one). That is what a parallel run is compared on: clipping
     rescales the gradients to a fixed norm and AdamW divides by their own size, so
     between them a gradient wrong by a constant factor would leave the weights right.
+
+    Mixed precision (minidist/precision.py): an optimizer with store_grads() (MixedPrecision)
+    keeps the synchronised gradients in its storage dtype first; `scaler` (a GradScaler)
+    multiplies the loss by its scale before backward, divides the gradients by it after
+    the sync (raw_grads, clipping and the step see unscaled gradients), and skips the
+    step when a gradient overflowed.
     """
     params = list(model.parameters())
     optimizer.zero_grad()
     k, total = len(batches), 0.0
-    scale = micro_batch_scale(k)
+    scale = micro_batch_scale(k) * (scaler.scale if scaler is not None else 1.0)
     if hasattr(dp, "forward_backward"):     # a pipeline runs its micro-batches in its own order
         total = dp.forward_backward(model, batches, scale)
     else:
@@ -107,6 +113,10 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     # ZeRO keeps each rank's partition of the gradients outside the model: its dp slot
     # names them (named_grads) and hands over the tensors holding them (grad_params)
     named = dp.named_grads() if hasattr(dp, "named_grads") else model.named_parameters()
+    if hasattr(optimizer, "store_grads"):
+        optimizer.store_grads()
+    if scaler is not None:
+        scaler.unscale_([p for _, p in named])
     if raw_grads is not None:
         for name, p in named:
             raw_grads[name] = None if p.grad is None else xp.array(p.grad)   # a copy
@@ -116,7 +126,10 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
         norm_sq = dp.grad_norm_sq(held) if hasattr(dp, "grad_norm_sq") else None
         norm = clip_grad_norm(held, grad_clip, norm_sq)
     optimizer.set_lr(lr)
-    optimizer.step()
+    if scaler is None or not scaler.found_inf:      # an overflowed step is skipped
+        optimizer.step()
+    if scaler is not None:
+        scaler.update()
     return total, norm
 
 

@@ -95,7 +95,7 @@ def onebit_compress(x, residual):
     The scale is the mean absolute value of v, so the decompressed vector (+-scale)
     has the same L1 norm as v. A zero counts as +. new_residual = v - decompressed: what
     this step did not send, added to the next step's x (error feedback). Returns new
-    arrays in x's dtype; x and residual are left as they are.
+    arrays in x's dtype; x and residual are left as they are. (Exercise 10.3.)
     """
     x = np.asarray(x)
     v = x + np.asarray(residual, dtype=x.dtype)
@@ -106,7 +106,7 @@ def onebit_compress(x, residual):
 
 
 def onebit_decompress(packed, scale, n):
-    """The n values +scale (bit 1) / -scale (bit 0), in scale's dtype."""
+    """The n values +scale (bit 1) / -scale (bit 0), in scale's dtype. (Exercise 10.4.)"""
     scale = np.asarray(scale)
     bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n)
     return np.where(bits.astype(bool), scale, -scale).astype(scale.dtype)
@@ -168,7 +168,7 @@ def powersgd_step(comm, M, Q):
     same on every rank (the previous step's Q_new). P = M Q summed over ranks,
     orthogonalized; Q_new = M^T P summed over ranks; approx = P Q_new^T / N, the rank-r
     approximation of the average of M. Two ring all-reduces of r(n + m) numbers in all.
-    New arrays; M and Q are left as they are.
+    New arrays; M and Q are left as they are. (Exercise 10.5.)
     """
     size = comm.Get_size()
     P = orthogonalize(ring_all_reduce(comm, M @ Q))

@@ -131,11 +131,13 @@ class BucketedDataParallel:
     """PyTorch DDP's recipe: buckets in reverse parameter order, each all-reduced as soon
     as it is full, overlapping the rest of backward."""
 
-    def __init__(self, model, comm, bucket_bytes=25 * 2**20):
+    def __init__(self, model, comm, bucket_bytes=25 * 2**20, reduce_dtype=None):
         self.model, self.comm = model, comm
         self.params = list(model.parameters())
         self.names = {id(p): n for n, p in model.named_parameters()}
-        dtype = self.params[0].data.dtype
+        # reduce_dtype: mixed precision's 16-bit gradients (lesson 10) travel and are summed
+        # in 16 bits: half the bytes of fp32 (minidist/precision.py)
+        dtype = reduce_dtype or self.params[0].data.dtype
         # the last layers' gradients are ready first in backward, so the first bucket
         # (filled from the last parameters) can start while backward is still running
         groups = assign_buckets([p.data.nbytes for p in self.params], bucket_bytes)

@@ -61,6 +61,7 @@ class Group:
         self.lo, self.hi = partition(self.n, comm.Get_size(), comm.Get_rank())
         self.shard = self.flat_data()[self.lo:self.hi].copy() if shard else None
         self.grad = None                            # my partition's gradient, summed over ranks / N
+        self.reduce_dtype = None                    # 16-bit gradients travel as such (lesson 10)
         self.pieces, self.owner, self.names_of_pieces = [], [], []
         for name, p, off in zip(self.names, self.params, self.offsets):
             a, b = max(self.lo, off) - off, min(self.hi, off + p.size) - off    # noqa (p is whole here)   # p's elements in my partition
@@ -77,7 +78,7 @@ class Group:
     def flat_grads(self, drop=True):
         """The model's gradients of this group end to end (zeros where none); with `drop`
         the full-size gradients go as they are copied (stages 2, 3)."""
-        flat = np.zeros(self.n, self.dtype)
+        flat = np.zeros(self.n, self.reduce_dtype or self.dtype)
         for p, off in zip(self.params, self.offsets):
             if p.grad is not None:
                 flat[off:off + p.grad.size] = p.grad.reshape(-1)
@@ -87,6 +88,7 @@ class Group:
 
     def add_grad(self, part):
         """Accumulate my reduced partition (gradient accumulation adds micro-batches)."""
+        part = part.astype(self.dtype, copy=False)   # a 16-bit reduction comes back to the weights' dtype
         self.grad = part if self.grad is None else self.grad + part
         for q, (p, off) in zip(self.pieces, self._piece_spans()):
             q.grad = self.grad[off:off + q.size].reshape(q.shape)

@@ -77,7 +77,7 @@ class ZeRO:
     """
 
     def __init__(self, model, opt, comm, stage=1, bucket_bytes=2**18, overlap=False,
-                 units=None, max_in_flight=2):
+                 units=None, max_in_flight=2, reduce_dtype=None):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
         if stage == 3 and units is None:
@@ -95,6 +95,8 @@ class ZeRO:
             self.units = units                      # fsdp.Units: the model's units, already sharded
             self.groups = self.units.groups
             self.units.on_grad = self._note_grads   # a unit's full gradients, just before its reduce
+        for g in self.groups:                      # lesson 10: reduce-scatter 16-bit gradients
+            g.reduce_dtype = reduce_dtype
         self.inner = sharded_adamw(opt, self.groups)
         self.param_groups = self.inner.param_groups
         self.hooks = []

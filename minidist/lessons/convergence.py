@@ -1,0 +1,153 @@
+"""The convergence harness of lesson 10: one model, one corpus, one token budget, several
+variants (precision, gradient compression, curriculum), each trained data-parallel on the
+job's ranks; validation loss against tokens, bytes sent per step beside its formula.
+
+None of these variants is exact by design, so the question a run answers is the one a
+practitioner asks: after the same tokens, is the validation loss as low, and what did
+the variant save? `run_variant` trains one; `curve_plot` draws the curves in text;
+`png_plot` writes them as a PNG where matplotlib is installed (the `plot` extra).
+"""
+import contextlib
+import dataclasses
+import time
+
+import numpy as np
+
+from minidist.comm import stats
+from minidist.lessons import common
+from minidist.lessons.harness import say
+
+DATA = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")   # the data collectives
+
+
+@dataclasses.dataclass
+class Variant:
+    name: str
+    precision: str = "fp32"
+    compressor: str = "none"
+    rank: int = 4
+    warmup_steps: int = 0
+    curriculum: bool = False
+
+
+def _dp_slot(v, model, opt, comm, args):
+    """(optimizer, dp slot, formula(): bytes this rank sends in the next step)."""
+    from minidist.parallel.compression import CompressedDataParallel, ring_bytes
+    from minidist.parallel.data_parallel import BucketedDataParallel
+    from minidist.precision import MixedPrecision, dtype16
+    reduce16 = v.precision != "fp32" and (args.grad_reduce == "16" or v.precision == "fp16")
+    reduce_dtype = dtype16(v.precision) if reduce16 else None
+    if args.zero:
+        from minidist.parallel.zero import ZeRO, expected_sent
+        zero = ZeRO(model, opt, comm, args.zero, reduce_dtype=reduce_dtype)
+        return zero, zero, lambda: sum(expected_sent(zero).values())
+    if v.precision != "fp32":
+        opt = MixedPrecision(opt, model, v.precision, "16" if v.precision == "fp16" else args.grad_dtype)
+    if v.compressor != "none":
+        dp = CompressedDataParallel(model, comm, v.compressor, rank=v.rank, warmup_steps=v.warmup_steps,
+                                    seed=args.seed)
+        return opt, dp, dp.bytes_formula
+    dp = BucketedDataParallel(model, comm, reduce_dtype=reduce_dtype)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    return opt, dp, lambda: sum(ring_bytes(b.flat.size, size, rank, b.flat.itemsize) for b in dp.buckets)
+
+
+def evaluate(model, data, args, comm, rows, precision):
+    """The validation loss on `eval_iters` fixed batches, each rank its rows, averaged."""
+    from minidist.precision import autocast
+    from minidist.tensor import no_grad
+    model.eval()
+    with no_grad(), autocast(precision):
+        losses = [model(*(a[rows] for a in data.get_batch("val", args.batch_size, 10**6 + i)))[1].item()
+                  for i in range(args.eval_iters)]
+    model.train()
+    return float(common.mpi_reduce(comm, np.mean(losses), "sum")) / comm.Get_size()
+
+
+def run_variant(v, args, cfg, comm, data, rows, total_tokens):
+    """Train variant v until it has seen total_tokens tokens; return its row of the table."""
+    from minidist.curriculum import Curriculum
+    from minidist.model import GPT
+    from minidist.precision import GradScaler, autocast
+    from minidist.train import micro_batches, train_step
+    model = GPT(cfg, seed=args.seed)
+    opt = model.configure_optimizers(0.1, args.lr)
+    scaler = (GradScaler(args.init_scale, 2.0, 0.5, args.growth_interval, comm=comm)
+              if v.precision == "fp16" else None)
+    opt, dp, formula = _dp_slot(v, model, opt, comm, args)
+    cur = Curriculum(cfg.block_size, args.batch_size, total_tokens, args.ramp_steps, args.seq_start,
+                     plain=not v.curriculum, peak_lr=args.lr, min_lr=args.lr / 10,
+                     warmup_tokens=total_tokens // 20)
+    curve, sent, expected, times, losses, seqlens = [], [], [], [], [], []
+    last_note = time.perf_counter()
+    while not cur.done():
+        L = cur.seqlen()
+        x, y = data.get_batch("train", args.batch_size, cur.step)
+        x, y = x[rows, :L], y[rows, :L]
+        predicted = formula()
+        t0 = time.perf_counter()
+        # fp16: an overflow (inf in a gradient, in a 16-bit sum) is expected and handled: the
+        # scaler skips that step and halves the scale; NumPy's warnings about it are noise
+        quiet = np.errstate(over="ignore", invalid="ignore") if v.precision == "fp16" else contextlib.nullcontext()
+        with stats.measure() as m, autocast(v.precision), quiet:
+            loss, _ = train_step(model, opt, micro_batches(x, y, cur.step, args.seed, 1, rows.start or 0),
+                                 cur.lr(), args.grad_clip, dp=dp, scaler=scaler)
+        times.append(time.perf_counter() - t0)
+        sent.append(sum(m.bytes_sent(n) for n in DATA))
+        expected.append(predicted)
+        losses.append(loss)
+        seqlens.append(L)
+        cur.advance(L)
+        if cur.step % args.eval_interval == 0 or cur.done():
+            curve.append((cur.tokens, evaluate(model, data, args, comm, rows, v.precision)))
+        if time.perf_counter() - last_note > 3.0 and not cur.done():
+            last_note = time.perf_counter()
+            say(f"    {v.name}: step {cur.step}, {cur.tokens:,} of {total_tokens:,} tokens, "
+                f"val {curve[-1][1]:.4f}" if curve else f"    {v.name}: step {cur.step}")
+    return {"variant": v.name, "model": model, "opt": opt, "dp": dp, "scaler": scaler,
+            "curve": curve, "val_loss": curve[-1][1], "steps": cur.step, "tokens": cur.tokens,
+            "sent": sent, "expected": expected, "losses": losses, "seqlens": seqlens,
+            "step_time_s": float(np.median(times[1:] if len(times) > 1 else times))}
+
+
+def curve_plot(rows, width=64, height=14):
+    """Validation loss against tokens, one letter per variant, as lines of text."""
+    pts = [(r["variant"], t, l) for r in rows for t, l in r["curve"]]
+    if not pts:
+        return []
+    t_max = max(t for _, t, _ in pts)
+    lo, hi = min(l for *_, l in pts), max(l for *_, l in pts)
+    hi = hi if hi > lo else lo + 1.0
+    grid = [[" "] * width for _ in range(height)]
+    marks = {}
+    for i, r in enumerate(rows):
+        marks[r["variant"]] = "abcdefghijklmnopqrstuvwxyz"[i]
+    for name, t, l in pts:
+        col = min(width - 1, int(round(t / t_max * (width - 1))))
+        row = min(height - 1, int(round((hi - l) / (hi - lo) * (height - 1))))
+        cell = grid[row][col]
+        grid[row][col] = marks[name] if cell == " " else "*"
+    out = [f"  val loss  {hi:.3f} +" + "".join(grid[0])]
+    out += ["            " + " " * 6 + "|" + "".join(g) for g in grid[1:-1]]
+    out += [f"            {lo:.3f} +" + "".join(grid[-1])]
+    out.append("            " + " " * 6 + "+" + "-" * width)
+    out.append("            " + " " * 6 + f"0{'tokens':^{width - 12}}{t_max:,}")
+    out.append("  " + "   ".join(f"{marks[r['variant']]} = {r['variant']}" for r in rows) + "   * = several")
+    return out
+
+
+def png_plot(rows, path):
+    """Write the curves to `path` as a PNG (matplotlib, the optional `plot` extra)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ax.plot([t for t, _ in r["curve"]], [l for _, l in r["curve"]], marker=".", label=r["variant"])
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Lesson 10: the same tokens under each variant")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,284 @@
+"""Mixed precision: 16-bit matmuls, fp32 master weights and optimizer state, loss scaling.
+
+    mpirun -n 4 python -m minidist.lessons.10_precision_and_compression --precision bf16
+
+Every large run trains this way (Micikevicius et al. 2018, "Mixed Precision Training").
+Three pieces, each in one place here:
+
+1. THE AUTOCAST RULE (`SIXTEEN_BIT`, applied by the engine in Function.apply and in the
+   backward walk, minidist/tensor.py, nowhere else):
+   - 16-bit: every matrix product: Linear, MatMul (the head x @ wte.T) and the attention
+     node's two products. Its inputs are rounded to 16 bits, the products are summed in
+     fp32 and the result is rounded to 16 bits: what a GPU's tensor cores do (the product
+     of two 16-bit numbers is exact in fp32; the accumulator is fp32). In backward the
+     same: the incoming gradient is rounded to 16 bits, the activation gradients leaving
+     the node are rounded; the weight gradients leave the GEMM in fp32 (fp32
+     accumulation) and the optimizer side decides how they are stored.
+   - fp32: everything else: softmax (inside attention too), layer norm and its
+     statistics, GELU, dropout, the residual additions, the cross-entropy loss.
+   NumPy has no 16-bit matrix multiply (and no bfloat16 at all: the small `ml_dtypes`
+   package, which JAX uses, supplies it), so the engine multiplies float32 arrays that
+   hold 16-bit values. The VALUES are exactly the ones a GPU computes with; the float32
+   containers are this project's emulation, and they are why time is not saved here.
+
+2. MASTER WEIGHTS (`MixedPrecision`): the model's weights hold 16-bit values; the
+   optimizer keeps an fp32 copy (the master) and fp32 AdamW state, applies the update to
+   the master, and rounds it into the model's weights. Without the master, an update
+   smaller than half a 16-bit step (bf16 keeps 8 significant bits: 1 + 2^-8 rounds to 1)
+   would vanish. Bytes per parameter, two accountings (both measured by the lesson):
+   - the ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, section 3.1): fp16
+     weights 2 + fp16 gradients 2 + fp32 master, m, v 4 + 4 + 4 = 16 bytes (K = 12);
+   - Megatron-LM with bf16 (its default keeps fp32 gradients, "main_grad"): 2 + 4 + 12
+     = 18 bytes; with its distributed optimizer the 12 are sharded over d data-parallel
+     ranks: 6 + 12/d (Megatron-LM's docs, distributed optimizer).
+
+3. LOSS SCALING (`GradScaler`, fp16 only): fp16 keeps 5 exponent bits, so gradients
+   below 2^-24 flush to zero. Multiply the loss by S before backward (every gradient is
+   multiplied by S), divide the gradients by S before the step, and pick S dynamically as
+   PyTorch's GradScaler does by default: start at 2^16; an inf or nan in any gradient
+   halves S and SKIPS the step; 2000 good steps in a row double S. S is a power of two,
+   so scaling and unscaling are exact: the unscaled gradients equal the unscaled run's
+   as long as nothing overflows. bf16 has fp32's exponent range and needs no scaling.
+"""
+import contextlib
+import math
+
+import numpy as np
+
+from minidist import tensor as _tensor
+from minidist.backend import xp
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def dtype16(precision):
+    """The NumPy dtype of a 16-bit format: ml_dtypes.bfloat16 or numpy.float16 (None for fp32)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision == "fp32":
+        return None
+    if precision == "fp16":
+        return np.dtype(np.float16)
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def round_to(a, dt):
+    """a's values rounded to the 16-bit dtype dt (nearest, ties to even), in a's own dtype.
+
+    fp16 overflows to inf above 65504 (that is what loss scaling watches for)."""
+    with np.errstate(over="ignore"):
+        return a.astype(dt).astype(a.dtype)
+
+
+# ----------------------------------------------------------------------------- 1. autocast
+
+def _sixteen_bit_ops():
+    from minidist import fused, ops
+    return (ops.Linear, ops.MatMul, fused.CausalAttention)
+
+
+class Autocast:
+    """The rule, as the engine applies it (minidist/tensor.py calls these four methods)."""
+
+    def __init__(self, precision):
+        self.precision, self.dt = precision, dtype16(precision)
+        self.ops = _sixteen_bit_ops()
+
+    def round(self, a):
+        return round_to(a, self.dt) if hasattr(a, "dtype") and a.dtype.kind == "f" else a
+
+    def inputs(self, arrays):
+        """Forward: every float input of a 16-bit op rounded to 16 bits."""
+        return [self.round(a) for a in arrays]
+
+    def output(self, out):
+        """Forward: the fp32-accumulated result stored in 16 bits."""
+        return tuple(self.round(o) for o in out) if isinstance(out, tuple) else self.round(out)
+
+    def grads_out(self, grads, inputs):
+        """Backward: activation gradients rounded to 16 bits; a leaf's (a weight's) stays
+        fp32, as the GEMM's fp32 accumulator left it."""
+        return tuple(g if g is None or getattr(t, "_node", 0) is None else self.round(g)
+                     for g, t in zip(grads, inputs))
+
+
+@contextlib.contextmanager
+def autocast(precision):
+    """Run the block's forward (and, through the nodes it records, their backward) under
+    the rule above. autocast("fp32") changes nothing."""
+    old = _tensor._AUTOCAST
+    _tensor._AUTOCAST = Autocast(precision) if precision != "fp32" else None
+    try:
+        yield
+    finally:
+        _tensor._AUTOCAST = old
+
+
+# ----------------------------------------------------------------------------- 2. master weights
+
+class MixedPrecision:
+    """An optimizer whose model computes in 16 bits: fp32 master weights beside it.
+
+        opt = MixedPrecision(model.configure_optimizers(...), model, "bf16")
+
+    `inner` (an optim.AdamW over the model's parameters) is re-pointed at fp32 masters,
+    group for group, so weight decay stays where it was. After every step the model's
+    weights are the masters rounded to 16 bits. `grad_dtype`: how the gradients are
+    stored before the step: "16" (the ZeRO paper's 2 bytes) or "fp32" (Megatron's
+    main_grad, 4 bytes); the default is fp32 for bf16 and 16 bits for fp16.
+    """
+
+    def __init__(self, inner, model, precision, grad_dtype=None):
+        self.inner, self.model, self.precision = inner, model, precision
+        self.dt = dtype16(precision)
+        if self.dt is None:
+            raise ValueError("MixedPrecision needs bf16 or fp16; fp32 trains with the optimizer alone")
+        grad_dtype = grad_dtype or ("fp32" if precision == "bf16" else "16")
+        if grad_dtype not in ("16", "fp32"):
+            raise ValueError(f"grad_dtype must be '16' or 'fp32', not {grad_dtype!r}")
+        self.grad_dt = self.dt if grad_dtype == "16" else np.dtype(np.float32)
+        from minidist.nn import Parameter
+        self.params = list(model.parameters())
+        self.master = {id(p): Parameter(xp.array(p.data, dtype=np.float32)) for p in self.params}
+        for g in inner.param_groups:
+            g["params"] = [self.master[id(p)] for p in g["params"]]
+        self.param_groups = inner.param_groups
+        self.weights16 = [p.data.astype(self.dt) for p in self.params]   # the 16-bit model weights
+        self.grads = [None] * len(self.params)                           # as stored, grad_dt
+        self._round_weights()
+
+    def _round_weights(self):
+        for p, w16 in zip(self.params, self.weights16):
+            p.data[...] = w16          # the engine's float32 container, holding 16-bit values
+
+    # -- the optimizer's face
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def set_lr(self, lr):
+        self.inner.set_lr(lr)
+
+    def store_grads(self):
+        """Keep each gradient in the storage dtype (rounding it when that is 16 bits)."""
+        for i, p in enumerate(self.params):
+            self.grads[i] = None if p.grad is None else xp.asarray(p.grad).astype(self.grad_dt)
+            if p.grad is not None:
+                p.grad = self.grads[i].astype(np.float32)
+
+    def step(self):
+        """fp32 update of the masters from the model's (unscaled) gradients; round into the model."""
+        for i, p in enumerate(self.params):
+            m = self.master[id(p)]
+            m.grad = None if p.grad is None else xp.asarray(p.grad, dtype=np.float32)
+        self.inner.step()
+        for i, p in enumerate(self.params):
+            self.weights16[i][...] = self.master[id(p)].data.astype(self.dt)
+        self._round_weights()
+
+    def memory(self):
+        """Bytes this rank holds per category, read from the arrays (the float32 containers
+        the engine multiplies are the emulation's, not counted: a GPU multiplies the 16-bit
+        weights themselves)."""
+        return {"weights": sum(w.nbytes for w in self.weights16),
+                "grads": sum(g.nbytes for g in self.grads if g is not None),
+                "master": sum(self.master[id(p)].data.nbytes for p in self.params),
+                "optimizer": self.inner.state_bytes()}
+
+    def state_bytes(self):
+        return self.inner.state_bytes()
+
+
+def paper_bytes_per_param(accounting, d=1):
+    """Model-state bytes per parameter: "zero" (ZeRO paper, fp16: 2 + 2 + 12), "megatron"
+    (bf16 with fp32 gradients: 2 + 4 + 12), "megatron_distopt" (6 + 12/d), "fp32"
+    (4 + 4 + 8: fp32 weights, gradients, AdamW's m and v)."""
+    table = {"zero": 2 + 2 + 12, "megatron": 2 + 4 + 12, "megatron_distopt": 6 + 12 / d, "fp32": 4 + 4 + 8}
+    if accounting not in table:
+        raise ValueError(f"accounting must be one of {sorted(table)}")
+    return table[accounting]
+
+
+# ----------------------------------------------------------------------------- 3. loss scaling
+
+def unscale_grads(grads, scale):
+    """(the gradients divided by scale, in fp32, as new arrays; found_inf): found_inf is
+    True when any gradient holds an inf or a nan. None stays None. (Exercise 10.1.)
+
+    fp32 whatever the gradients' dtype: they are about to update the fp32 masters."""
+    inv = 1.0 / scale
+    out, found = [], False
+    for g in grads:
+        if g is None:
+            out.append(None)
+            continue
+        u = np.asarray(g, dtype=np.float32) * np.float32(inv)
+        found = found or not bool(np.all(np.isfinite(u)))
+        out.append(u)
+    return out, found
+
+
+def update_scale(scale, good_steps, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    """The next (scale, good_steps): an inf halves the scale and restarts the count; the
+    growth_interval-th good step in a row doubles it and restarts. (Exercise 10.2.)"""
+    if found_inf:
+        return scale * backoff_factor, 0
+    good_steps += 1
+    if good_steps == growth_interval:
+        return scale * growth_factor, 0
+    return scale, good_steps
+
+
+class GradScaler:
+    """Dynamic loss scaling, PyTorch's GradScaler defaults. train_step uses it so:
+
+        loss * scaler.scale -> backward -> (sync) -> scaler.unscale_(params)
+        -> clip -> step unless scaler.found_inf -> scaler.update()
+
+    comm: under ZeRO each rank sees only its partition of the gradients, so the ranks
+    agree on found_inf (one small message); data parallelism's replicas agree anyway.
+    """
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, comm=None):
+        for name, v in (("init_scale", init_scale), ("growth_factor", growth_factor),
+                        ("backoff_factor", backoff_factor)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a positive number, not {v}")
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval must be at least 1, not {growth_interval}")
+        self.scale, self.good_steps = float(init_scale), 0
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval, self.comm = growth_interval, comm
+        self.found_inf, self.skipped, self.history = False, 0, []
+
+    def unscale_(self, params):
+        grads, found = _lookup("unscale_grads")([p.grad for p in params], self.scale)
+        if self.comm is not None and self.comm.Get_size() > 1:
+            from minidist.comm import agree
+            found = not agree(self.comm, not found)
+        for p, g in zip(params, grads):
+            p.grad = g
+        self.found_inf = found
+        return found
+
+    def update(self):
+        self.history.append((self.scale, self.found_inf))
+        self.skipped += bool(self.found_inf)
+        self.scale, self.good_steps = _lookup("update_scale")(
+            self.scale, self.good_steps, self.found_inf, self.growth_factor, self.backoff_factor,
+            self.growth_interval)
+
+    def state_dict(self):
+        return {"scale": np.array(self.scale), "good_steps": np.array(self.good_steps),
+                "skipped": np.array(self.skipped)}
+
+    def load_state_dict(self, d):
+        self.scale, self.good_steps, self.skipped = float(d["scale"]), int(d["good_steps"]), int(d["skipped"])
+
+
+def _lookup(name):
+    """This module's function `name`, looked up when it runs (the grader plugs answers in)."""
+    import sys
+    return getattr(sys.modules[__name__], name)
