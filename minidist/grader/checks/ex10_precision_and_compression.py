@@ -734,28 +734,32 @@ def _powersgd_run(fn, s):
 
 # ----------------------------------------------------------------------------- the exercises
 
-# The plug-in check (minidist/grader/plugin.py) runs lesson 10 with the function plugged in.
-# Lesson 10 is still being written (uncommitted): with the package's own answers plugged
-# in, its settings below FAIL today (an exact check, "loss scaling ... differs", under
-# --dtype float64; --batch-size must divide by the ranks for 10.5). Until it holds, `runs`
-# stays empty and each check above trains with the function plugged into the package
-# instead; set RUNS per exercise to these (FP16_RUNS for 10.1 and 10.2, ONEBIT_RUNS for
-# 10.3 and 10.4, POWERSGD_RUNS for 10.5) once the lesson MATCHes with the package's answers.
-RUNS = ()
+# The plug-in check (minidist/grader/plugin.py) runs lesson 10 with the function plugged in:
+# the lesson's exact checks call unscale_grads (loss scaling, bit for bit), onebit_compress
+# and onebit_decompress (the error-feedback identity) and powersgd_step (full rank equals
+# the exact average), and its fp16 and 1-bit runs train through them; a wrong answer that
+# breaks any of these makes the lesson fail, and the exercise with it.
 LESSON = "10_precision_and_compression"
-TINY = ("--n-layer", "1", "--n-embd", "16", "--block-size", "8", "--batch-size", "4", "--steps", "4",
-        "--eval-iters", "1", "--eval-interval", "4")
-FP16_RUNS = (Run(LESSON, (*TINY, "--precision", "fp16", "--init-scale", str(2 ** 19), "--growth-interval", "2"),
+
+
+def tiny(*flags):
+    """A setting of lesson 10 small enough to run in seconds on any number of ranks n
+    (a global batch of 2 sequences per rank)."""
+    return lambda n: ("--n-layer", "1", "--n-embd", "16", "--block-size", "8", "--batch-size", str(2 * n),
+                      "--steps", "4", "--eval-iters", "1", "--eval-interval", "4", *flags)
+
+
+FP16_RUNS = (Run(LESSON, tiny("--precision", "fp16", "--init-scale", str(2 ** 19), "--growth-interval", "2"),
                  ranks=1),)
-ONEBIT_RUNS = (Run(LESSON, (*TINY, "--compressor", "1bit", "--warmup-steps", "1"), ranks=1),)
-POWERSGD_RUNS = (Run(LESSON, (*TINY, "--compressor", "powersgd", "--rank", "2")),)
+ONEBIT_RUNS = (Run(LESSON, tiny("--compressor", "1bit", "--warmup-steps", "1"), ranks=1),)
+POWERSGD_RUNS = (Run(LESSON, tiny("--compressor", "powersgd", "--rank", "2")),)
 
 EXERCISES = [
-    Exercise("10.1", "unscale_grads", precision.unscale_grads, check_unscale_grads, runs=RUNS),
-    Exercise("10.2", "update_scale", precision.update_scale, check_update_scale, runs=RUNS),
-    Exercise("10.3", "onebit_compress", compression.onebit_compress, check_onebit_compress, runs=RUNS),
-    Exercise("10.4", "onebit_decompress", compression.onebit_decompress, check_onebit_decompress, runs=RUNS),
+    Exercise("10.1", "unscale_grads", precision.unscale_grads, check_unscale_grads, runs=FP16_RUNS),
+    Exercise("10.2", "update_scale", precision.update_scale, check_update_scale, runs=FP16_RUNS),
+    Exercise("10.3", "onebit_compress", compression.onebit_compress, check_onebit_compress, runs=ONEBIT_RUNS),
+    Exercise("10.4", "onebit_decompress", compression.onebit_decompress, check_onebit_decompress, runs=ONEBIT_RUNS),
     Exercise("10.5", "powersgd_step", compression.powersgd_step, check_powersgd_step, MIN_RANKS, groups=True,
              why_ranks="at -n 3 the check runs on the world and on groups of 2 ranks and of 1, so the sum over "
-                       "ranks, the division by N and the ring's uneven chunks are all seen;", runs=RUNS),
+                       "ranks, the division by N and the ring's uneven chunks are all seen;", runs=POWERSGD_RUNS),
 ]
