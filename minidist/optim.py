@@ -86,6 +86,14 @@ class AdamW(Optimizer):
 
     def __init__(self, params_or_groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01):
         super().__init__(params_or_groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.variance_frozen = False
+
+    def freeze_variance(self):
+        """From now on keep v (and its bias correction) as it is: 1-bit Adam's preconditioner
+        after its warm-up (Tang et al. 2021). Gradients compressed to signs with one scale
+        per chunk would otherwise make v the same for every element of a chunk, and Adam's
+        per-element step sizes would be lost (lesson 10)."""
+        self.variance_frozen = True
 
     def step(self):
         for group in self.param_groups:
@@ -104,12 +112,16 @@ class AdamW(Optimizer):
                     p.data *= 1.0 - lr * wd
                 m *= b1
                 m += (1.0 - b1) * g
-                v *= b2
-                tmp = g * g
-                tmp *= 1.0 - b2
-                v += tmp
-                xp.sqrt(v, out=tmp)                       # denominator, in the same buffer
-                tmp *= 1.0 / math.sqrt(1.0 - b2 ** t)
+                if self.variance_frozen:                  # 1-bit Adam: v as it was at the freeze
+                    tmp = xp.sqrt(v)
+                else:
+                    v *= b2
+                    tmp = g * g
+                    tmp *= 1.0 - b2
+                    v += tmp
+                    s["v_step"] = t
+                    xp.sqrt(v, out=tmp)                   # denominator, in the same buffer
+                tmp *= 1.0 / math.sqrt(1.0 - b2 ** s["v_step"])
                 tmp += eps
                 xp.divide(m, tmp, out=tmp)
                 tmp *= lr / (1.0 - b1 ** t)

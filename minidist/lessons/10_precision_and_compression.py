@@ -42,7 +42,9 @@ def build_parser():
     g.add_argument("--compressor", choices=COMPRESSORS)
     g.add_argument("--rank", type=positive_int, default=4, help="PowerSGD's rank r (default %(default)s)")
     g.add_argument("--warmup-steps", type=harness.nonnegative_int, default=None,
-                   help="1-bit and PowerSGD: uncompressed steps first (default: 10%% of --steps)")
+                   help="1-bit and PowerSGD: uncompressed steps first (default: 1-bit 25%% of --steps, PowerSGD 0)")
+    g.add_argument("--no-freeze-variance", dest="freeze_variance", action="store_false",
+                   help="1bit: keep updating AdamW's v after the warm-up (1-bit Adam freezes it)")
     g.add_argument("--curriculum", action="store_true", help="sequence-length warm-up")
     g.add_argument("--ramp-steps", type=positive_int, default=None,
                    help="curriculum: steps from --seq-start to block_size (default: 30%% of --steps)")
@@ -67,12 +69,12 @@ def build_parser():
 def variants(args):
     """The variants this run trains: all of them, or the one the flags name, beside fp32."""
     w = args.warmup_steps
-    w = max(1, args.steps // 10) if w is None else w
+    w = max(1, args.steps // 4) if w is None else w
     base = Variant("fp32")
     if not (args.precision or args.compressor or args.curriculum):
         return [base, Variant("bf16", "bf16"), Variant("fp16", "fp16"),
                 Variant("comp fp16", compressor="fp16"), Variant("int8", compressor="int8"),
-                Variant(f"1bit w={w}", compressor="1bit", warmup_steps=w),
+                Variant(f"1bit w={w}", compressor="1bit", warmup_steps=w, freeze_variance=args.freeze_variance),
                 Variant(f"powersgd r={args.rank}", compressor="powersgd", rank=args.rank, warmup_steps=0),
                 Variant("curriculum", curriculum=True)]
     precision, comp = args.precision or "fp32", args.compressor or "none"
@@ -80,7 +82,8 @@ def variants(args):
     parts += {"none": [], "1bit": [f"1bit w={w}"], "powersgd": [f"powersgd r={args.rank}"]}.get(comp, [comp])
     parts += ["curriculum"] if args.curriculum else []
     warm = w if comp == "1bit" else (args.warmup_steps or 0) if comp == "powersgd" else 0
-    v = Variant(" + ".join(parts) or "fp32", precision, comp, args.rank, warm, args.curriculum)
+    v = Variant(" + ".join(parts) or "fp32", precision, comp, args.rank, warm, args.curriculum,
+                comp == "1bit" and args.freeze_variance)
     return [base] if v.name == "fp32" else [base, v]
 
 
@@ -89,7 +92,7 @@ def check_input(args, world):
     w = args.warmup_steps
     harness.need(w is None or w < args.steps,
                  f"--warmup-steps {w} is not shorter than training (--steps {args.steps}): nothing would be "
-                 f"compressed; this works: {harness.command_with(world, {'--warmup-steps': args.steps // 10})}")
+                 f"compressed; this works: {harness.command_with(world, {'--warmup-steps': args.steps // 4})}")
     harness.need(args.seq_start <= args.block_size,
                  f"--seq-start {args.seq_start} is longer than --block-size {args.block_size}")
     if args.zero:

@@ -28,6 +28,7 @@ class Variant:
     rank: int = 4
     warmup_steps: int = 0
     curriculum: bool = False
+    freeze_variance: bool = False     # 1-bit Adam: AdamW's v fixed once the warm-up ends
 
 
 def _dp_slot(v, model, opt, comm, args):
@@ -98,6 +99,8 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
         losses.append(loss)
         seqlens.append(L)
         cur.advance(L)
+        if v.freeze_variance and cur.step == v.warmup_steps:
+            getattr(opt, "inner", opt).freeze_variance()
         if cur.step % args.eval_interval == 0 or cur.done():
             curve.append((cur.tokens, evaluate(model, data, args, comm, rows, v.precision)))
         if time.perf_counter() - last_note > 3.0 and not cur.done():
