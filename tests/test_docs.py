@@ -70,7 +70,8 @@ def test_every_citation_of_the_reference_page_names_a_section(source):
 def test_the_lessons_cite_the_reference_page_and_the_course_map_exists():
     assert (ROOT / "lessons/README.md").exists() and (ROOT / "docs/reference.md").exists()
     for name in ("00_single_process.md", "01_collectives.md", "02_data_parallel.md", "03_tensor_parallel.md",
-                 "04_pipeline_parallel.md", "07_3d_parallel.md", "08_activation_recompute.md", "05_zero.md", "06_fsdp.md"):
+                 "04_pipeline_parallel.md", "07_3d_parallel.md", "08_activation_recompute.md", "05_zero.md", "06_fsdp.md",
+                 "10_precision_and_compression.md"):
         assert "docs/reference.md#" in (ROOT / "lessons" / name).read_text(), name
 
 

@@ -190,6 +190,7 @@ def main(args):
         step_time_s=base["step_time_s"],
         figures={"variants": json_rows, "exact_checks": [{k: c[k] for k in ("what", "ok", "measured")} for c in exact],
                  "memory": checks.memory_rows(results, runs, world), "total_tokens": total_tokens})
+    report["variants"] = json_rows          # one row per variant (also under figures)
     return harness.finish(report, args)
 
 
