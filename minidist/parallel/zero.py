@@ -255,7 +255,8 @@ def expected_sent(zero, micro_batches=1):
     """
     from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
     size, rank = zero.comm.Get_size(), zero.comm.Get_rank()
-    rs = lambda g: ring_reduce_scatter_sent(g.n, 1, size, rank) * g.shard_itemsize   # noqa: E731
+    # gradients travel in the reduce dtype (16 bits when lesson 10 asks), weights in theirs
+    rs = lambda g: ring_reduce_scatter_sent(g.n, 1, size, rank) * np.dtype(g.reduce_dtype or g.dtype).itemsize  # noqa: E731
     ag = lambda g: ring_all_gather_sent(g.n, 1, size, rank) * g.shard_itemsize       # noqa: E731
     k = 1 if zero.stage == 1 else micro_batches
     out = {"reduce_scatter": k * sum(rs(g) for g in zero.groups)}

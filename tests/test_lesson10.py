@@ -1,0 +1,66 @@
+"""Lesson 10 (mixed precision, compression, curriculum) runs end to end under mpirun at a
+tiny shape: every variant, one row each in the JSON with its validation loss and its
+bytes per step equal to the formula at every step, the exact checks all holding; bad
+input gets one message and exit 2 on every rank. (The convergence figures belong to the
+lesson's own runs, not to these tests.)"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minidist.lessons.harness import REPORT_KEYS
+
+from launcher import mpirun_cmd, needs_mpirun, our_lines
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+LESSON = "minidist.lessons.10_precision_and_compression"
+TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--steps", "8",
+        "--eval-interval", "4", "--eval-iters", "1"]
+pytestmark = needs_mpirun
+
+
+def mpirun(n, flags, timeout=180):
+    return subprocess.run([*mpirun_cmd(n), sys.executable, "-m", LESSON, *flags],
+                          capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+@pytest.mark.parametrize("n, flags, names", [
+    (2, ["--batch-size", "4"], ["fp32", "bf16", "fp16", "comp fp16", "int8", "1bit w=2", "powersgd r=4",
+                                "curriculum"]),
+    (3, ["--batch-size", "6", "--precision", "bf16", "--zero", "2", "--grad-reduce", "16"], ["fp32", "bf16"]),
+], ids=["n2-every-variant", "n3-bf16-zero2"])
+def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
+    out = tmp_path / "report.json"
+    proc = mpirun(n, [*TINY, *flags, "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(REPORT_KEYS) <= set(report) and report["match"] is True
+    rows = report["variants"]
+    assert [r["variant"] for r in rows] == names
+    for r in rows:
+        assert r["val_loss"] > 0 and r["bytes_match_every_step"] is True
+        assert r["bytes_per_step"] == r["bytes_per_step_formula"] > 0
+        assert r["tokens"] >= 8 * int(flags[1]) * 16
+    by = {r["variant"]: r for r in rows}
+    if "1bit w=2" in by:
+        assert by["1bit w=2"]["ratio_per_step"] < 0.05 < by["1bit w=2"]["ratio_run"]   # warm-up counted
+        assert by["fp16"]["bytes_per_step"] * 2 == by["fp32"]["bytes_per_step"]        # 16-bit reduce
+        assert by["curriculum"]["steps"] > by["fp32"]["steps"]                         # same tokens
+    checks = report["figures"]["exact_checks"]
+    assert len(checks) >= 3 and all(c["ok"] for c in checks), checks
+    assert "verdict: MATCH" in proc.stdout and "FAIL" not in proc.stdout
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--compressor", "1bit", "--warmup-steps", "8"], "is not shorter than training"),
+    (["--compressor", "powersgd", "--rank", "99"], "larger than the largest matrix allows"),
+    (["--compressor", "gzip"], "invalid choice"),
+    (["--precision", "fp8"], "invalid choice"),
+], ids=["warmup-too-long", "rank-too-large", "unknown-compressor", "unknown-precision"])
+def test_bad_input_gets_one_message_and_exit_2(flags, words):
+    proc = mpirun(2, [*TINY, "--batch-size", "4", *flags], timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in our_lines(proc.stderr) if "error" in line]
+    assert len(errors) == 1 and words in errors[0], proc.stderr
