@@ -6,7 +6,9 @@
 decompressed vector equal to v's, error feedback (v = decompressed + new residual),
 zero vectors, no writes into the inputs. int8: the scale, |error| <= scale / 2, zeros.
 orthogonalize: orthonormal columns, zero columns for a rank-deficient matrix (no nan).
-powersgd_step on one rank (COMM_SELF): full rank gives M back.
+powersgd_step on one rank (COMM_SELF): full rank gives M back. CompressedDataParallel's
+segments (a chunk cut at the parameter boundaries, one scale each), and what one scale
+per tensor saves a small tensor beside a large one.
 """
 import numpy as np
 import pytest
@@ -135,6 +137,8 @@ def test_bad_arguments():
         C.CompressedDataParallel(model, comm, "1bit", warmup_steps=-1)
     with pytest.raises(ValueError, match="bucket_bytes"):
         C.CompressedDataParallel(model, comm, "powersgd", bucket_bytes=64)
+    with pytest.raises(ValueError, match="scales must be 'tensor'"):
+        C.CompressedDataParallel(model, comm, "int8", scales="bucket")
     dp = C.CompressedDataParallel(model, comm, "powersgd", rank=4)
     assert dp.ranks == {0: 3, 1: 4}, "each matrix gets min(rank, n, m)"
 
@@ -160,3 +164,40 @@ def test_the_synchroniser_calls_the_module_functions(monkeypatch):
         C.CompressedDataParallel(model, MPI.COMM_SELF, compressor, rank=2).sync()
     assert set(calls) == {"onebit_compress", "onebit_decompress", "int8_compress", "int8_decompress",
                           "orthogonalize"}
+
+
+def test_segments_cut_chunks_at_parameter_boundaries():
+    """One rank, one chunk of 35 numbers: "tensor" cuts it at 15, 22, 34 (the parameters
+    5 x 3, 7, 2 x 3 x 2, 1); buckets of 10 numbers cut it at their own bounds too; "chunk"
+    keeps it whole. The formula's message: a scale and a payload per segment."""
+    from mpi4py import MPI
+    model = Fake([(5, 3), (7,), (2, 3, 2), (1,)])
+    assert C.CompressedDataParallel(model, MPI.COMM_SELF, "1bit").scales == "chunk", "1bit's default"
+    assert C.CompressedDataParallel(model, MPI.COMM_SELF, "int8").scales == "tensor", "int8's default"
+    dp = C.CompressedDataParallel(model, MPI.COMM_SELF, "1bit", scales="tensor")
+    assert dp.layout == [([0, 35], [[(0, 15), (15, 22), (22, 34), (34, 35)]])]
+    assert dp._message_bytes(dp.layout[0][1][0]) == 4 * 8 + 2 + 1 + 2 + 1     # ceil per segment
+    dp = C.CompressedDataParallel(model, MPI.COMM_SELF, "int8", bucket_bytes=80)
+    assert [seg for _, (seg,) in dp.layout] == [[(0, 10)], [(0, 5), (5, 10)], [(0, 2), (2, 10)],
+                                                [(0, 4), (4, 5)]]
+    dp = C.CompressedDataParallel(model, MPI.COMM_SELF, "int8", scales="chunk")
+    assert dp.layout == [([0, 35], [[(0, 35)]])]
+
+
+def test_one_scale_per_tensor_keeps_a_small_tensor():
+    """A tensor of gradients ~1e-3 beside one of ~1e3, in one chunk: with one scale per
+    chunk (1e3 / 127) int8 rounds the small one to 0; with one per tensor each element is
+    within its own tensor's two half-scales (phase 1 and phase 2)."""
+    from mpi4py import MPI
+    for scales in ("tensor", "chunk"):
+        model = Fake([(4, 5), (9,)])
+        big, small = data(20, np.float64).reshape(4, 5) * 1e3, data(9, np.float64, seed=2) * 1e-3
+        model.ps[0].grad, model.ps[1].grad = big.copy(), small.copy()
+        C.CompressedDataParallel(model, MPI.COMM_SELF, "int8", scales=scales).sync()
+        got = model.ps[1].grad
+        if scales == "chunk":
+            assert np.array_equal(got, np.zeros(9)), "one scale per chunk should lose the small tensor"
+        else:
+            assert np.all(np.abs(got - small) <= np.max(np.abs(small)) / 127 * (1 + 1e-9)), \
+                "one scale per tensor: the small tensor within its own scale"
+            assert np.all(np.abs(model.ps[0].grad - big) <= np.max(np.abs(big)) / 127 * (1 + 1e-9))

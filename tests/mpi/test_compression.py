@@ -8,8 +8,12 @@ world size here divides, and chunks that are not multiples of 8); every rank dra
 every rank's gradients from one seed, so the true average needs no communication.
 Checked every step:
 - bytes: `last_sent` (measured) == `bytes_formula()` for every compressor, in the
-  warm-up and after, with and without buckets; the run's total == run_formula(steps);
-- "none": the exact average; fp16 and int8: the error within the formula's bound;
+  warm-up and after, with and without buckets, with one scale per segment (a chunk cut
+  at the parameter boundaries) or per chunk; the run's total == run_formula(steps); the
+  formula == the module text's, a scale and a payload per segment, counted here anew;
+  a model smaller than the world (empty chunks) too;
+- "none": the exact average; fp16 and int8: the error within the formula's bound (int8:
+  each segment's own scales);
 - 1-bit and PowerSGD: error feedback loses nothing: the running sum of the applied
   gradients == the running sum of the true averages minus the residual still held
   (the ranks' mean worker residual, plus 1-bit's server residuals), to 1e-12;
@@ -55,6 +59,30 @@ def all_grads(size, step, shapes=SHAPES, seed=0):
              for i, s in enumerate(shapes)] for r in range(size)]
 
 
+def segments(lo, hi, size, shapes=SHAPES, scales="tensor"):
+    """Bucket [lo, hi)'s chunks cut into segments, counted anew: [[(start, end) flat], per chunk]."""
+    starts = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
+    b, out = chunk_bounds(hi - lo, size), []
+    for j in range(size):
+        a, e = lo + b[j], lo + b[j + 1]
+        cuts = sorted({a, e} | {int(c) for c in starts if a < c < e}) if scales == "tensor" else [a, e]
+        out.append([(s, t) for s, t in zip(cuts[:-1], cuts[1:]) if t > s or scales == "chunk"])
+    return out
+
+
+def expected_bytes(dp, size, rank, shapes=SHAPES):
+    """The module text's formula for int8 / 1bit after the warm-up: per chunk, the sum over its
+    segments of (itemsize + payload); send all but my own, then all but my right neighbour's."""
+    if size == 1:
+        return 0
+    total = 0
+    for lo, hi in dp.buckets:
+        msg = [sum(8 + ((t - s) if dp.compressor == "int8" else -(-(t - s) // 8)) for s, t in chunk)
+               for chunk in segments(lo, hi, size, shapes, dp.scales)]
+        total += 2 * sum(msg) - msg[rank] - msg[(rank + 1) % size]
+    return total
+
+
 def flat(arrays):
     return np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
 
@@ -93,18 +121,24 @@ def held_residual(dp, comm):
     return held
 
 
-@pytest.mark.parametrize("compressor,bucket", [("none", None), ("fp16", None), ("fp16", 80), ("int8", None),
-                                               ("int8", 80), ("1bit", None), ("1bit", 80), ("powersgd", None)])
-def test_bytes_measured_equal_the_formula(comm, compressor, bucket):
+@pytest.mark.parametrize("compressor,bucket,scales", [
+    ("none", None, "tensor"), ("fp16", None, "tensor"), ("fp16", 80, "tensor"), ("int8", None, "tensor"),
+    ("int8", 80, "tensor"), ("int8", None, "chunk"), ("1bit", None, "tensor"), ("1bit", 80, "tensor"),
+    ("1bit", None, "chunk"), ("powersgd", None, "tensor")])
+def test_bytes_measured_equal_the_formula(comm, compressor, bucket, scales):
     """Warm-up (2 steps) then compressed; buckets of 80 bytes = 10 numbers (35 = 10+10+10+5)."""
     model = Fake()
-    dp = CompressedDataParallel(model, comm, compressor, rank=2, warmup_steps=2, bucket_bytes=bucket)
+    dp = CompressedDataParallel(model, comm, compressor, rank=2, warmup_steps=2, bucket_bytes=bucket,
+                                scales=scales)
     total = 0
     for k in range(4):
         step(dp, model, comm, k)
         total += dp.last_sent
     assert total == dp.run_formula(4)
     assert dp.steps == 4
+    if compressor in ("int8", "1bit"):
+        want = expected_bytes(dp, comm.Get_size(), comm.Get_rank())
+        assert dp.compressed_bytes() == want, f"formula {dp.compressed_bytes()}, the module text's {want}"
     # rank 2 of a 5 x 3 matrix saves nothing, nor do 1-number chunks with an 8-byte scale each
     if comm.Get_size() > 1 and compressor not in ("none", "powersgd") and bucket is None:
         assert dp.compressed_bytes() < dp.uncompressed_bytes()
@@ -130,37 +164,38 @@ def test_fp16_error_within_its_bound(comm):
         assert np.all(np.abs(applied - true) <= bound), f"fp16 error {np.max(np.abs(applied - true)):.2e}"
 
 
-@pytest.mark.parametrize("bucket", [None, 80])
-def test_int8_error_within_its_bound(comm, bucket):
-    """Phase 1: each piece is off by at most its scale / 2 (scale = max|chunk| / 127), so the
-    mean by the mean of those; phase 2 adds half the averaged chunk's scale, which is
-    max|applied chunk| / 127 (its largest code is 127)."""
+@pytest.mark.parametrize("bucket,scales", [(None, "tensor"), (80, "tensor"), (None, "chunk")])
+def test_int8_error_within_its_bound(comm, bucket, scales):
+    """Phase 1: each piece is off by at most its scale / 2 (scale = max|segment| / 127), so
+    the mean by the mean of those; phase 2 adds half the averaged segment's scale, which is
+    max|applied segment| / 127 (its largest code is 127). A segment: a chunk's piece of one
+    parameter ("tensor"), or the whole chunk ("chunk")."""
     size, model = comm.Get_size(), Fake()
-    dp = CompressedDataParallel(model, comm, "int8", bucket_bytes=bucket)
+    dp = CompressedDataParallel(model, comm, "int8", bucket_bytes=bucket, scales=scales)
     for k in range(3):
         applied, true = step(dp, model, comm, k)
         grads = [flat(g) for g in all_grads(size, k)]
         bound = np.zeros(N_ALL)
         for lo, hi in dp.buckets:
-            b = chunk_bounds(hi - lo, size)
-            for j in range(size):
-                s = slice(lo + b[j], lo + b[j + 1])
-                if b[j + 1] == b[j]:
-                    continue
-                phase1 = np.mean([np.max(np.abs(g[s])) / 127 / 2 for g in grads])
-                bound[s] = phase1 + np.max(np.abs(applied[s])) / 127 / 2
+            for chunk in segments(lo, hi, size, scales=scales):
+                for a, e in chunk:
+                    if e == a:
+                        continue
+                    s = slice(a, e)
+                    phase1 = np.mean([np.max(np.abs(g[s])) / 127 / 2 for g in grads])
+                    bound[s] = phase1 + np.max(np.abs(applied[s])) / 127 / 2
         err = np.abs(applied - true)
         assert np.all(err <= bound * (1 + 1e-9) + 1e-15), f"int8 error {np.max(err - bound):.2e} above the bound"
 
 
-@pytest.mark.parametrize("compressor,warmup,bucket,rank", [("1bit", 0, None, 0), ("1bit", 2, None, 0),
-                                                           ("1bit", 0, 80, 0), ("powersgd", 0, None, 1),
-                                                           ("powersgd", 2, None, 2)])
-def test_error_feedback_loses_nothing(comm, compressor, warmup, bucket, rank):
+@pytest.mark.parametrize("compressor,warmup,bucket,rank,scales", [
+    ("1bit", 0, None, 0, "tensor"), ("1bit", 2, None, 0, "tensor"), ("1bit", 0, 80, 0, "tensor"),
+    ("1bit", 0, None, 0, "chunk"), ("powersgd", 0, None, 1, "tensor"), ("powersgd", 2, None, 2, "tensor")])
+def test_error_feedback_loses_nothing(comm, compressor, warmup, bucket, rank, scales):
     """sum of applied == sum of true averages - residual held, every step, to 1e-12."""
     model = Fake()
     dp = CompressedDataParallel(model, comm, compressor, rank=max(rank, 1), warmup_steps=warmup,
-                                bucket_bytes=bucket)
+                                bucket_bytes=bucket, scales=scales)
     applied_sum, true_sum = np.zeros(N_ALL), np.zeros(N_ALL)
     for k in range(STEPS):
         applied, true = step(dp, model, comm, k)
@@ -211,6 +246,26 @@ def test_powersgd_batched_equals_powersgd_step(comm):
     applied, _ = step(dp, model, comm, 0, [(6, 4)])
     assert np.allclose(applied, approx.reshape(-1), rtol=0, atol=1e-13)
     assert np.allclose(dp.state_dict()["powersgd.Q.p0"], Q1, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("compressor", ["int8", "1bit"])
+def test_a_model_smaller_than_the_world(comm, compressor):
+    """3 numbers (2 + 1) on up to 4 ranks: some chunks are empty, have no segment and send
+    nothing; the bytes still equal the formula, error feedback still loses nothing."""
+    shapes = [(2,), (1,)]
+    model = Fake(shapes)
+    dp = CompressedDataParallel(model, comm, compressor, scales="tensor")
+    applied_sum, true_sum = np.zeros(3), np.zeros(3)
+    for k in range(3):
+        applied, true = step(dp, model, comm, k, shapes)
+        assert dp.compressed_bytes() == expected_bytes(dp, comm.Get_size(), comm.Get_rank(), shapes)
+        applied_sum += applied
+        true_sum += true
+        if compressor == "1bit":
+            gap = np.abs(applied_sum - (true_sum - held_residual(dp, comm)))
+            assert np.max(gap) <= 1e-12 * np.max(np.abs(true_sum))
+        else:
+            assert np.max(np.abs(applied - true)) <= np.max(np.abs(true)) / 127 * 2
 
 
 @pytest.mark.parametrize("compressor", ["1bit", "powersgd"])
