@@ -53,7 +53,7 @@ demo: $(SETUP)
 	$(MPIRUN) -n 8 $(PY) -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2
 	$(MPIRUN) -n 2 $(PY) -m minidist.lessons.08_activation_recompute --tp 2
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.09_moe
-	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.10_precision_and_compression --steps 60 --eval-interval 20
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.10_precision_and_compression --steps 60
 
 # The MPI tests on the smallest worlds run beside the serial ones (their output waits in
 # .test-logs/ and is printed after): the serial tests leave a core idle while their jobs

@@ -126,13 +126,13 @@ def main(args):
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size}, "
         f"{checks.param_count(cfg, args.seed):,} parameters")
     say(f"budget  {total_tokens:,} tokens per variant = {args.steps} steps x {args.batch_size} sequences x "
-        f"{cfg.block_size} tokens; AdamW, lr {args.lr:g}, cosine decay counted in tokens")
+        f"{cfg.block_size} tokens\n        AdamW, peak lr {args.lr:g}, warm-up and cosine decay counted in tokens")
 
     # --- the exact checks first: they hold or the lesson fails
     exact = checks.run_all(args, cfg, comm, data, rows)
     say("\nexact checks (each must hold bit for bit, or to the tolerance named):")
     for c in exact:
-        say(f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['what']}: {c['measured']}")
+        say(f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['what']}\n        {c['measured']}")
 
     # --- the convergence runs
     say(f"\ntraining {len(runs)} variant(s), {total_tokens:,} tokens each:")
@@ -141,7 +141,12 @@ def main(args):
         r = run_variant(v, args, cfg, comm, data, rows, total_tokens)
         results.append(r)
         say(f"  {v.name:<16} val loss {r['val_loss']:.4f} after {r['steps']} steps")
-    exact += checks.after_runs(results, runs)
+    after = checks.after_runs(results, runs)
+    if after:
+        say("\nexact checks after the runs:")
+    for c in after:
+        say(f"  {'ok  ' if c['ok'] else 'FAIL'}  {c['what']}\n        {c['measured']}")
+    exact += after
     base = results[0]
     table_rows, json_rows, bytes_ok = [], [], True
     uncompressed = base["sent"][-1]
@@ -163,12 +168,14 @@ def main(args):
                           "bytes_run": sum(sent), "ratio_per_step": ratio_step, "ratio_run": ratio_run,
                           "step_time_s": r["step_time_s"], "curve": r["curve"],
                           "skipped_steps": r["scaler"].skipped if r["scaler"] else 0})
-    say("\nafter the same tokens (bytes: sent by each rank in the last step, measured beside the formula;"
-        "\nratios against fp32's all-reduce: per step, and over the whole run, warm-up and extra steps included):")
+    say("\nafter the same tokens:")
+    say("  bytes/step: what this rank sent in the last step, measured, beside the formula")
+    say("  per step, whole run: those bytes over fp32's all-reduce, in one step and over the run\n"
+        "  (a warm-up's uncompressed steps and the curriculum's extra steps included)")
     harness.table(table_rows, header=["variant", "val loss", "gap", "bytes/step", "formula", "per step",
                                       "whole run", "ms/step"])
-    say("  (step times here are for comparison within this run only: the 16-bit formats are emulated on\n"
-        "   float32 arrays, so they cost time on a CPU instead of saving it, see lessons/10_precision_and_compression.md)")
+    say("  (compare step times within this run only: the 16-bit formats are emulated on float32 arrays,\n"
+        "   so on a CPU they cost time instead of saving it: lessons/10_precision_and_compression.md)")
     checks.print_memory(results, runs, world)
     goals = checks.goals(json_rows, runs, GOALS)
     say("\ngoals (issue 20), measured:")

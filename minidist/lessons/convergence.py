@@ -130,12 +130,14 @@ def curve_plot(rows, width=64, height=14):
         row = min(height - 1, int(round((hi - l) / (hi - lo) * (height - 1))))
         cell = grid[row][col]
         grid[row][col] = marks[name] if cell == " " else "*"
-    out = [f"  val loss  {hi:.3f} +" + "".join(grid[0])]
-    out += ["            " + " " * 6 + "|" + "".join(g) for g in grid[1:-1]]
-    out += [f"            {lo:.3f} +" + "".join(grid[-1])]
+    out = [(f"  val loss  {hi:.3f} +" + "".join(grid[0])).rstrip()]
+    out += [("            " + " " * 6 + "|" + "".join(g)).rstrip() for g in grid[1:-1]]
+    out += [(f"            {lo:.3f} +" + "".join(grid[-1])).rstrip()]
     out.append("            " + " " * 6 + "+" + "-" * width)
     out.append("            " + " " * 6 + f"0{'tokens':^{width - 12}}{t_max:,}")
-    out.append("  " + "   ".join(f"{marks[r['variant']]} = {r['variant']}" for r in rows) + "   * = several")
+    legend = [f"{marks[r['variant']]} = {r['variant']}" for r in rows] + ["* = several"]
+    for i in range(0, len(legend), 5):
+        out.append("  " + "   ".join(legend[i:i + 5]))
     return out
 
 

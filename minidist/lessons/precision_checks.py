@@ -51,7 +51,7 @@ def loss_scaling_exact(args, cfg, data, rows):
     unscaled, found = precision.unscale_grads(grads[1], 2.0 ** 16)
     # unscaled gradients are fp32 (the masters' dtype): the plain ones, in fp32, bit for bit
     same = not found and all(np.array_equal(a, np.asarray(b, np.float32)) for a, b in zip(unscaled, grads[0]))
-    return {"what": "loss scaling: (loss x 2^16) backward, unscaled, equals the plain gradients",
+    return {"what": "loss scaling: backward of loss x 2^16, unscaled, gives the plain gradients",
             "ok": same, "measured": "bit for bit" if same else "differs", "rel": 0.0}
 
 
@@ -64,7 +64,7 @@ def powersgd_full_rank(comm, seed):
     approx, _ = compression.powersgd_step(comm, M, Q)
     exact = ring_all_reduce(comm, M) / comm.Get_size()
     rel = comm.allreduce(_rel(approx, exact), op=_max())
-    return {"what": "PowerSGD at full rank (r = 7 of a 12 x 7 matrix) equals the exact average",
+    return {"what": "PowerSGD at full rank (r = 7, a 12 x 7 matrix per rank) equals the exact average",
             "ok": rel <= TOLERANCE, "measured": f"max_rel_diff {rel:.1e}", "rel": rel}
 
 
@@ -110,8 +110,8 @@ def after_runs(results, runs):
         if v.precision == "bf16":
             same = all(np.array_equal(w.view(np.uint16), bf16_bits(m)) for w, m in zip(opt.weights16, masters))
             same &= all(np.array_equal(p.data, w.astype(np.float32)) for p, w in zip(opt.params, opt.weights16))
-            out.append({"what": f"{v.name}: the model's weights are the fp32 masters rounded to bf16 "
-                                "(a bit-level reference)", "ok": same,
+            out.append({"what": f"{v.name}: the weights are the fp32 masters rounded to bf16 by bit arithmetic",
+                        "ok": same,
                         "measured": "bit for bit" if same else "differs", "rel": 0.0})
         if v.precision == "fp16":
             finite = all(np.all(np.isfinite(a)) for a in masters + [p.data for p in opt.params])
@@ -185,7 +185,8 @@ def goals(rows, runs, targets):
         met = "met" if gap <= goal else "NOT met"
         extra = ""
         if v.compressor == "1bit":
-            extra = f"; {r['ratio_per_step']:.4f} of fp32's bytes per compressed step (1/32 = {1 / 32:.4f})"
+            extra = (f"\n{'':<19}{r['ratio_per_step']:.4f} of fp32's bytes per compressed step (1/32 = {1 / 32:.4f}), "
+                     f"{r['ratio_run']:.4f} over the run")
         if v.precision == "fp16":
             extra = f"; {r['skipped_steps']} overflowed step(s) skipped"
         lines.append(f"{v.name:<16} gap {100 * gap:+.2f}% (goal within {100 * goal:g}%): {met}{extra}")
