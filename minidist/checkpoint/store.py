@@ -82,6 +82,12 @@ def _fsync_dir(path):
 
 # ---- agreement between ranks (comm=None: one process, nothing to agree) ----
 
+def _waiting(what):
+    """minidist's watchdog (minidist/comm/watchdog.py) reports a rank stuck here, with every stack."""
+    from minidist.comm.watchdog import waiting     # late: a save by one process needs no MPI
+    return waiting(what)
+
+
 def _agree(comm, error):
     """Every rank raises the same CheckpointError if any rank's `error` (a str) is set.
 
@@ -95,15 +101,17 @@ def _agree(comm, error):
     size, rank = comm.Get_size(), comm.Get_rank()
     mine = np.array([rank if error is not None else size], np.int64)
     lowest = np.empty_like(mine)
-    comm.Allreduce(mine, lowest, op=MPI.MIN)
+    with _waiting("checkpoint save: agree"):
+        comm.Allreduce(mine, lowest, op=MPI.MIN)
     first = int(lowest[0])
     if first == size:
         return
     text = np.frombuffer((error or "").encode(), np.uint8) if rank == first else None
     length = np.array([0 if text is None else text.size], np.int64)
-    comm.Bcast(length, root=first)
-    buf = text.copy() if rank == first else np.empty(int(length[0]), np.uint8)
-    comm.Bcast(buf, root=first)
+    with _waiting("checkpoint save: the error's text"):
+        comm.Bcast(length, root=first)
+        buf = text.copy() if rank == first else np.empty(int(length[0]), np.uint8)
+        comm.Bcast(buf, root=first)
     where = f"rank {first}: " if size > 1 else ""
     raise CheckpointError(where + buf.tobytes().decode())
 
@@ -221,13 +229,14 @@ def _gather_fragments(comm, fragment):
         return [fragment]
     size, rank = comm.Get_size(), comm.Get_rank()
     lengths = np.zeros(size, np.int64) if rank == 0 else None
-    comm.Gather(np.array([mine.size], np.int64), lengths, root=0)
-    if rank != 0:
-        comm.Gatherv(mine, None, root=0)
-        return None
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    everything = np.empty(int(lengths.sum()), np.uint8)
-    comm.Gatherv(mine, [everything, lengths, offsets, _mpi_byte()], root=0)
+    with _waiting("checkpoint save: gather the index"):
+        comm.Gather(np.array([mine.size], np.int64), lengths, root=0)
+        if rank != 0:
+            comm.Gatherv(mine, None, root=0)
+            return None
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        everything = np.empty(int(lengths.sum()), np.uint8)
+        comm.Gatherv(mine, [everything, lengths, offsets, _mpi_byte()], root=0)
     return [json.loads(everything[o:o + n].tobytes()) for o, n in zip(offsets, lengths)]
 
 
@@ -294,12 +303,13 @@ def save(comm, root, step, pieces, meta, keep=None):
     """Write this rank's `pieces` into a new checkpoint of `step` under `root`; on every rank.
 
     pieces: [{"name", "global_shape", "dtype", "box" or "flat", "array"}], this rank's share.
-    meta: a JSON-able dict (layout, model config, data position, RNG states, ...).
+    meta: a JSON-able dict (layout, model config, data position, RNG states, ...); rank 0's
+        is the one written (every rank passes its own; only rank 0 reads it).
     keep: keep this many newest checkpoints (None: all). comm None: one process alone.
     Returns root/stepNNNNNNNN on every rank; raises the same CheckpointError on every rank.
     """
     rank = 0 if comm is None else comm.Get_rank()
-    token = np.zeros(32, np.uint8)                        # the folder's name, broadcast
+    token = np.zeros(64, np.uint8)                        # the folder's name, broadcast
     if rank == 0:
         tmp, error = _attempt(_prepare, root, int(step))
         if tmp:
@@ -308,7 +318,8 @@ def save(comm, root, step, pieces, meta, keep=None):
         error = None
     _agree(comm, error)
     if comm is not None:
-        comm.Bcast(token, root=0)
+        with _waiting("checkpoint save: the folder's name"):
+            comm.Bcast(token, root=0)
     tmp = token.tobytes().rstrip(b"\0").decode()
     folder = os.path.join(root, tmp)
     try:
@@ -398,7 +409,7 @@ def _checked_header(ckpt, index, fname):
     key = (os.path.abspath(path), want["sha256"], st.st_size, st.st_mtime_ns)
     if key not in _verdicts:
         if st.st_size != want["size"]:
-            _verdicts[key] = f"{path}: {st.st_size} bytes, the index says {want['size']}: truncated or replaced"
+            _verdicts[key] = f"{path}: {st.st_size} bytes, the index says {want['size']}: truncated, appended to or replaced"
         elif sha256_of(path) != want["sha256"]:
             _verdicts[key] = f"{path}: its sha256 differs from the index's: the file is corrupted"
         else:
@@ -496,7 +507,7 @@ def verify(path):
             continue
         size = os.path.getsize(file)
         if size != want["size"]:
-            problems.append(f"{file}: {size} bytes, the index says {want['size']}: truncated or replaced")
+            problems.append(f"{file}: {size} bytes, the index says {want['size']}: truncated, appended to or replaced")
         elif sha256_of(file) != want["sha256"]:
             problems.append(f"{file}: its sha256 differs from the index's: the file is corrupted")
         try:
