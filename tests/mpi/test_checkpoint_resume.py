@@ -1,0 +1,154 @@
+"""Checkpoints of real runs (minidist/checkpoint/layouts.py over store.py), float64:
+
+- resume exact: 6 steps in one go equal 3 steps, a save, fresh objects (other weights),
+  a load and 3 more steps: losses and weights bit for bit, under data parallelism and
+  ZeRO 1, 2 and 3 on the job's ranks;
+- reshard: a checkpoint saved by ZeRO-3 loads into one process, data parallelism, ZeRO-1,
+  and FSDP on one rank fewer (an odd size at 4): the loaded weights and AdamW state equal
+  the saved ones bit for bit, and 3 more steps give the losses of the uninterrupted run.
+
+    mpirun -n 3 python -m pytest --only-mpi tests/mpi/test_checkpoint_resume.py
+"""
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from minidist.checkpoint import layouts, store
+from minidist.data import Dataset, default_corpus
+from minidist.model import GPT, GPTConfig
+from minidist.parallel import fsdp
+from minidist.parallel.data_parallel import NaiveDataParallel
+from minidist.parallel.zero import ZeRO
+from minidist.train import micro_batches, train_step
+
+pytestmark = pytest.mark.mpi
+UP_TO_RANKS = 4
+WHY = "the layouts' pieces are those of 3 and 4 ranks (uneven partitions at 3); 8 adds no case"
+
+COMM = MPI.COMM_WORLD
+CFG = GPTConfig(block_size=9, vocab_size=256, n_layer=1, n_head=2, n_embd=10, dtype="float64")
+DATA = Dataset.from_text(default_corpus()[:20_000], block_size=9, seed=5)
+BATCH, LR, CLIP = 24, 3e-3, 0.05
+
+
+def shared_folder():
+    """One temporary folder for the whole job (rank 0 makes it, every rank learns its name)."""
+    name = tempfile.mkdtemp(prefix="minidist-ckpt-") if COMM.Get_rank() == 0 else ""
+    raw = np.frombuffer(name.encode(), np.uint8)
+    n = np.array([len(raw)], np.int64)
+    COMM.Bcast(n, root=0)
+    buf = raw.copy() if COMM.Get_rank() == 0 else np.empty(int(n[0]), np.uint8)
+    COMM.Bcast(buf, root=0)
+    return buf.tobytes().decode()
+
+
+@pytest.fixture
+def folder():
+    path = shared_folder()
+    yield path
+    COMM.Barrier()
+    if COMM.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def build(kind, comm, seed=11):
+    """(model, optimizer, dp slot, zero or None) for a layout on `comm`."""
+    model = GPT(CFG, seed=seed)
+    opt = model.configure_optimizers(0.1, LR)
+    if kind == "dp":
+        return model, opt, NaiveDataParallel(model, comm), None
+    stage = int(kind[-1])
+    zero = (fsdp.FSDP(model, opt, comm) if stage == 3 else ZeRO(model, opt, comm, stage))
+    return model, zero, zero, zero
+
+
+def train(model, opt, dp, comm, start, stop):
+    """Steps [start, stop): each rank its rows of the global batch; the mean loss per step."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    per = BATCH // size
+    losses = []
+    for step in range(start, stop):
+        x, y = DATA.get_batch("train", BATCH, step)
+        rows = slice(rank * per, (rank + 1) * per)
+        loss, _ = train_step(model, opt, micro_batches(x[rows], y[rows], step, 7, 1, rows.start), LR, CLIP, dp=dp)
+        total = np.empty(1)
+        comm.Allreduce(np.array([loss]), total, op=MPI.SUM)
+        losses.append(float(total[0]) / size)
+    return losses
+
+
+def global_weights(path):
+    ckpt = store.resolve(path)
+    index = store.load_index(ckpt)
+    names = [n for n in index["tensors"] if n.startswith(("model.", "optim."))]
+    return {n: store.read_global(ckpt, index, n) for n in names}
+
+
+@pytest.mark.parametrize("kind", ["dp", "zero1", "zero2", "zero3"])
+def test_resume_is_bit_for_bit(folder, kind):
+    model, opt, dp, zero = build(kind, COMM)
+    straight = train(model, opt, dp, COMM, 0, 6)
+    layouts.save(COMM, os.path.join(folder, "straight"), 6, model, opt, zero)
+
+    model, opt, dp, zero = build(kind, COMM)
+    first = train(model, opt, dp, COMM, 0, 3)
+    layouts.save(COMM, os.path.join(folder, "run"), 3, model, opt, zero)
+    model, opt, dp, zero = build(kind, COMM, seed=99)          # other weights: the load must replace them
+    meta = layouts.load(COMM, os.path.join(folder, "run"), model, opt, zero)
+    assert meta["train_step"] == 3 and meta["optimizer_step"] == 3
+    rest = train(model, opt, dp, COMM, 3, 6)
+    layouts.save(COMM, os.path.join(folder, "resumed"), 6, model, opt, zero)
+    assert first + rest == straight                            # float64, bit for bit
+    a, b = global_weights(os.path.join(folder, "straight")), global_weights(os.path.join(folder, "resumed"))
+    assert set(a) == set(b) and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(np.asarray(b))), 1e-300))
+
+
+@pytest.mark.parametrize("target", ["single", "dp", "zero1", "fsdp-fewer"])
+def test_a_zero3_checkpoint_loads_under_another_layout(folder, target):
+    reference = train(*build("dp", MPI.COMM_SELF)[:3], MPI.COMM_SELF, 0, 6)   # one process, 6 steps
+    model, opt, dp, zero = build("zero3", COMM)
+    train(model, opt, dp, COMM, 0, 3)
+    path = os.path.join(folder, "z3")
+    layouts.save(COMM, path, 3, model, opt, zero)
+    saved = global_weights(path)
+
+    size = {"single": 1, "fsdp-fewer": max(1, COMM.Get_size() - 1)}.get(target, COMM.Get_size())
+    sub = COMM.Split(0 if COMM.Get_rank() < size else MPI.UNDEFINED, COMM.Get_rank())
+    if sub != MPI.COMM_NULL:
+        kind = {"single": "dp", "dp": "dp", "zero1": "zero1", "fsdp-fewer": "zero3"}[target]
+        model, opt, dp, zero = build(kind, sub, seed=99)
+        layouts.load(sub, path, model, opt, zero)
+        if zero is None:                                       # whole tensors: equal bit for bit
+            state = {id(p): s for p, s in ((p, opt.state.get(id(p))) for p in model.parameters())}
+            for name, p in model.named_parameters():
+                assert np.array_equal(p.data, saved[f"model.{name}"]), name
+                assert np.array_equal(state[id(p)]["exp_avg"], saved[f"optim.exp_avg.{name}"]), name
+                assert np.array_equal(state[id(p)]["exp_avg_sq"], saved[f"optim.exp_avg_sq.{name}"]), name
+        else:                                                  # my partition of each: equal bit for bit
+            for g in zero.groups:
+                for q, _, name, a, b in layouts._flat_spans(g):
+                    assert np.array_equal(q.data.reshape(-1), saved[f"model.{name}"].reshape(-1)[a:b]), name
+                    s = zero.inner.state[id(q)]
+                    assert np.array_equal(s["exp_avg"].reshape(-1), saved[f"optim.exp_avg.{name}"].reshape(-1)[a:b])
+        rest = train(model, opt, dp, sub, 3, 6)
+        assert max(_rel(a, b) for a, b in zip(rest, reference[3:])) <= 1e-10, (rest, reference[3:])
+        sub.Free()
+    COMM.Barrier()
+
+
+def test_a_checkpoint_of_another_model_is_refused_on_every_rank(folder):
+    model, opt, dp, zero = build("dp", COMM)
+    train(model, opt, dp, COMM, 0, 1)
+    layouts.save(COMM, folder, 1, model, opt, zero)
+    other = GPT(GPTConfig(block_size=9, vocab_size=256, n_layer=1, n_head=2, n_embd=12, dtype="float64"))
+    from minidist.checkpoint.format import CheckpointError
+    with pytest.raises(CheckpointError, match="transformer"):
+        layouts.load(COMM, folder, other, other.configure_optimizers(0.1, LR))
