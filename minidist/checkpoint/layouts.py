@@ -29,6 +29,18 @@ import numpy as np
 STEP = "optim.step"
 
 
+class Held:
+    """One region of one global tensor that this rank holds: `local` is the array (a view
+    into the rank's parameter or optimizer state) whose values are that region."""
+    __slots__ = ("name", "shape", "region", "local")
+
+    def __init__(self, name, shape, region, local):
+        self.name, self.shape, self.region, self.local = name, tuple(shape), region, local
+
+    def key(self):
+        return [self.name, sorted(self.region.items())]
+
+
 def _flat_spans(group):
     """(piece, owner parameter, name, a, b) for each piece of a flat_shards.Group: the
     piece holds elements [a, b) of its parameter, flattened in C order."""
@@ -40,8 +52,77 @@ def _flat_spans(group):
     return out
 
 
-def _adam_state(opt, tensor):
-    return opt.state.get(id(tensor))
+def _tp_boxes(name, local, full_shape, spec, rank, t):
+    """[(box of the global tensor, index of the local array)] of a tensor-parallel shard
+    (minidist/parallel/tp_model.py's Shard): one box per block along the cut axis (c_attn's
+    q | k | v are three), the vocabulary's zero padding left out."""
+    from minidist.comm.collectives import chunk_bounds
+    if spec is None:
+        return [([[0, n] for n in full_shape], tuple(slice(None) for _ in full_shape))]
+    axis = spec.axis
+    padded = spec.padded or full_shape[axis]
+    block = padded // spec.blocks
+    lb = chunk_bounds(block, t)
+    mine = lb[rank + 1] - lb[rank]
+    out = []
+    for b in range(spec.blocks):
+        g0 = b * block + lb[rank]
+        g1 = min(g0 + mine, spec.size if spec.size is not None else full_shape[axis])
+        if g1 <= g0:
+            continue                                # all padding
+        box = [[0, n] for n in full_shape]
+        box[axis] = [g0, g1]
+        index = [slice(None)] * len(full_shape)
+        index[axis] = slice(b * mine, b * mine + (g1 - g0))
+        out.append((box, tuple(index)))
+    return out
+
+
+def held_pieces(model, opt, zero=None):
+    """Every region of every global tensor this rank holds (replicas included), and the
+    AdamW states it read them from.
+
+    model: a GPT, a TensorParallelGPT, a PipelineGPT (over either), whatever holds the
+    parameters under the single-process names; opt: its AdamW; zero: a ZeRO (stages
+    1-3, FSDP) over `model`, whose partitions are then the pieces."""
+    out, states = [], []
+    if zero is not None:
+        shapes = {n: tuple(sh) for g in zero.groups for n, sh in zip(g.names, g.shapes)}
+        for g in zero.groups:
+            for q, _, name, a, b in _flat_spans(g):
+                region = {"flat": [a, b]}
+                out.append(Held(f"model.{name}", shapes[name], region, q.data.reshape(-1)))
+                s = zero.inner.state.get(id(q))
+                states.append(s)
+                if s is not None:
+                    out.append(Held(f"optim.exp_avg.{name}", shapes[name], region, s["exp_avg"].reshape(-1)))
+                    out.append(Held(f"optim.exp_avg_sq.{name}", shapes[name], region, s["exp_avg_sq"].reshape(-1)))
+        return out, states
+    tp = _tensor_parallel_of(model)
+    for name, p in model.named_parameters():
+        full_shape = tp.full_shapes[name] if tp is not None else tuple(p.shape)
+        spec = tp.specs.get(name) if tp is not None else None
+        s = opt.state.get(id(p)) if opt is not None else None
+        states.append(s)
+        for box, index in _tp_boxes(name, p.data, full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1)):
+            region = {"box": box}
+            out.append(Held(f"model.{name}", full_shape, region, p.data[index]))
+            if s is not None:
+                out.append(Held(f"optim.exp_avg.{name}", full_shape, region, s["exp_avg"][index]))
+                out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, region, s["exp_avg_sq"][index]))
+    return out, states
+
+
+def _tensor_parallel_of(model):
+    """The TensorParallelGPT a model is (or a pipeline stage was cut from), else None."""
+    if hasattr(model, "specs") and hasattr(model, "full_shapes"):
+        return model
+    ends = getattr(model, "_ends", (None, None))
+    for end in ends:
+        owner = getattr(end, "__self__", None)
+        if owner is not None and hasattr(owner, "specs"):
+            return owner
+    return None
 
 
 def _step_of(states):
@@ -53,70 +134,84 @@ def _step_of(states):
     return steps.pop() if steps else 0
 
 
-def _piece(name, shape, array, **where):
-    return {"name": name, "global_shape": tuple(shape), "dtype": np.asarray(array).dtype,
-            "array": np.asarray(array, order="C"), **where}   # (ascontiguousarray would make 0-d 1-d)
+def writers(comm, held):
+    """Which of my held regions I write: every distinct region of every tensor is written
+    by exactly one of the ranks that hold it (data-parallel replicas, the tied embedding's
+    two stages, a tensor replicated over the tensor-parallel group), chosen round robin by
+    the region's position in the sorted list of all, so the bytes spread over the ranks.
+
+    The ranks learn each other's regions from one all-gather of their JSON (MPI's own:
+    bookkeeping, not a checkpoint's bytes)."""
+    import json
+    mine = json.dumps([h.key() for h in held]).encode()
+    everyone = _allgather_bytes(comm, mine)
+    holders = {}
+    for r, text in enumerate(everyone):
+        for k in json.loads(text):
+            holders.setdefault(json.dumps(k), []).append(r)
+    order = {k: i for i, k in enumerate(sorted(holders))}
+    rank = comm.Get_rank()
+    out = []
+    for h in held:
+        k = json.dumps(h.key())
+        ranks = holders[k]
+        if ranks[order[k] % len(ranks)] == rank:
+            out.append(h)
+    return out
+
+
+def _allgather_bytes(comm, data):
+    """Every rank's bytes, in rank order (two Allgathers: the lengths, then Allgatherv)."""
+    size = comm.Get_size()
+    n = np.array([len(data)], np.int64)
+    lengths = np.empty(size, np.int64)
+    comm.Allgather(n, lengths)
+    out = np.empty(int(lengths.sum()), np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    comm.Allgatherv(np.frombuffer(data, np.uint8), [out, lengths, offsets, _byte()])
+    return [out[o:o + k].tobytes().decode() for o, k in zip(offsets, lengths)]
+
+
+def _byte():
+    from mpi4py import MPI
+    return MPI.BYTE
 
 
 def pieces_of(model, opt, comm, zero=None):
-    """The pieces this rank writes, and the step count of the optimizer.
-
-    model, opt: the GPT and its AdamW (for ZeRO and FSDP, `zero` is the ZeRO object, which
-    holds the optimizer of this rank's partition in zero.inner)."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    named = model.named_parameters()
-    shapes = {n: tuple(p.shape) for n, p in named} if zero is None else {
-        n: tuple(s) for g in zero.groups for n, s in zip(g.names, g.shapes)}
-    out = []
-    if zero is None:
-        states = [_adam_state(opt, p) for _, p in named]
-        for i, (name, p) in enumerate(named):
-            if i % size != rank:                       # round robin: each tensor written once
-                continue
-            box = {"box": [[0, n] for n in p.shape]}
-            out.append(_piece(f"model.{name}", p.shape, p.data, **box))
-            s = _adam_state(opt, p)
-            if s is not None:
-                out.append(_piece(f"optim.exp_avg.{name}", p.shape, s["exp_avg"], **box))
-                out.append(_piece(f"optim.exp_avg_sq.{name}", p.shape, s["exp_avg_sq"], **box))
-    else:
-        states = []
-        for g in zero.groups:
-            for q, _, name, a, b in _flat_spans(g):
-                flat = {"flat": [a, b]}
-                out.append(_piece(f"model.{name}", shapes[name], q.data.reshape(-1), **flat))
-                s = _adam_state(zero.inner, q)
-                states.append(s)
-                if s is not None:
-                    out.append(_piece(f"optim.exp_avg.{name}", shapes[name], s["exp_avg"].reshape(-1), **flat))
-                    out.append(_piece(f"optim.exp_avg_sq.{name}", shapes[name], s["exp_avg_sq"].reshape(-1),
-                                      **flat))
+    """The pieces this rank writes (store.save's form), and the optimizer's step count."""
+    held, states = held_pieces(model, opt, zero)
     step = _agreed_step(comm, _step_of(states))
-    if rank == 0:
-        out.append(_piece(STEP, (), np.array(step, dtype=np.int64), box=[]))
+    out = [{"name": h.name, "global_shape": h.shape, "dtype": h.local.dtype,
+            "array": np.asarray(h.local, order="C"), **h.region} for h in writers(comm, held)]
+    if comm.Get_rank() == 0:     # (np.asarray keeps a 0-d array 0-d; ascontiguousarray would not)
+        out.append({"name": STEP, "global_shape": (), "dtype": np.dtype(np.int64),
+                    "array": np.array(step, np.int64), "box": []})
     return out, step
 
 
 def _agreed_step(comm, step):
     """Every rank's step count is the same (a rank that holds no state says 0 only before
-    the first step): the largest, checked against each rank's."""
+    the first step): the largest."""
     mine = np.array([step], np.int64)
     top = np.empty_like(mine)
-    comm.Allreduce(mine, top, op=_max())
+    comm.Allreduce(mine, top, op=_op("MAX"))
     return int(top[0])
 
 
-def _max():
+def _op(name):
     from mpi4py import MPI
-    return MPI.MAX
+    return getattr(MPI, name)
 
 
 def expected_tensors(model, zero=None, with_optimizer=True):
-    """{global name: (shape, dtype)} that a checkpoint of this model must hold."""
-    if zero is None:
-        named = [(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()]
-    else:
+    """{global name: (shape, dtype)} of the tensors this rank holds part of: what the
+    checkpoint must hold for it, at these shapes."""
+    if zero is not None:
         named = [(n, tuple(s), g.dtype) for g in zero.groups for n, s in zip(g.names, g.shapes)]
+    else:
+        tp = _tensor_parallel_of(model)
+        named = [(n, tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
+                 for n, p in model.named_parameters()]
     out = {f"model.{n}": (s, np.dtype(d)) for n, s, d in named}
     if with_optimizer:
         for n, s, d in named:
@@ -126,32 +221,26 @@ def expected_tensors(model, zero=None, with_optimizer=True):
     return out
 
 
-def _new_state(step, m, v):
-    return {"step": step, "exp_avg": m, "exp_avg_sq": v}
-
-
 def load_into(ckpt, index, model, opt, zero=None, read=None):
     """Fill this rank's weights and AdamW state from the checkpoint, reading only the
     regions this rank's layout holds. Returns the optimizer's step count.
 
-    read(name, flat=None): the store's reader of a global tensor (whole) or a flat range."""
-    step = int(read(STEP)) if STEP in index["tensors"] else 0
-    if zero is None:
-        for name, p in model.named_parameters():
-            p.data[...] = read(f"model.{name}").astype(p.dtype, copy=False)
-            if step and opt is not None:
-                opt.state[id(p)] = _new_state(step, read(f"optim.exp_avg.{name}").astype(p.dtype),
-                                              read(f"optim.exp_avg_sq.{name}").astype(p.dtype))
-        return step
-    for g in zero.groups:
-        for q, _, name, a, b in _flat_spans(g):
-            q.data[...] = read(f"model.{name}", flat=(a, b)).reshape(q.shape)
-            if step:
-                zero.inner.state[id(q)] = _new_state(
-                    step, read(f"optim.exp_avg.{name}", flat=(a, b)).reshape(q.shape).astype(q.dtype),
-                    read(f"optim.exp_avg_sq.{name}", flat=(a, b)).reshape(q.shape).astype(q.dtype))
-        if zero.stage < 3:                         # the whole weights on every rank, as after a step
-            from minidist.comm import ring_all_gather
+    read(name, region): the store's reader of one region ({"box": ...} or {"flat": ...})."""
+    step = int(read(STEP, {"box": []})) if STEP in index["tensors"] else 0
+    target = zero.inner if zero is not None else opt
+    # AdamW's state appears when the first step runs; a resumed run needs it now
+    params = ([q for g in zero.groups for q in g.pieces] if zero is not None else list(model.parameters()))
+    if step and target is not None:
+        for q in params:
+            target.state[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data)}
+    held, _ = held_pieces(model, target if zero is None else opt, zero)
+    for h in held:
+        if h.name.startswith("optim.") and not step:
+            continue
+        h.local[...] = read(h.name, h.region).reshape(h.local.shape)
+    if zero is not None and zero.stage < 3:     # the whole weights on every rank, as after a step
+        from minidist.comm import ring_all_gather
+        for g in zero.groups:
             g.write_back(ring_all_gather(zero.comm, g.flat_data()[g.lo:g.hi]))
     return step
 
@@ -182,17 +271,23 @@ def load(comm, path, model, opt, zero=None):
 
     A problem found on any rank (a file that fails its checksum, a tensor of another shape)
     is raised on every rank, with the words of the lowest rank that found one."""
+    import json
     from minidist.checkpoint import store
+    from minidist.checkpoint.format import CheckpointError
+    expected = expected_tensors(model, zero)
+    # what the ranks hold together (a pipeline stage holds some layers only): one all-gather
+    union = set().union(*(json.loads(t) for t in _allgather_bytes(comm, json.dumps(sorted(expected)).encode())))
 
     def work():
         ckpt = store.resolve(path)
         index = store.load_index(ckpt)
-        store.check_against(index, expected_tensors(model, zero))
+        store.check_against(index, expected, extra_ok=True)
+        extra = sorted(set(index["tensors"]) - union)
+        if extra:
+            raise CheckpointError(f"the checkpoint holds {extra[0]!r}, which no rank's model has (another model?)")
 
-        def read(name, flat=None):
-            if flat is None:
-                return store.read_global(ckpt, index, name)
-            return store.read_region(ckpt, index, name, flat=flat)
+        def read(name, region):
+            return store.read_region(ckpt, index, name, **region)
         load_into(ckpt, index, model, opt, zero, read)
         return index["meta"]
     return agreed(comm, work)
@@ -209,7 +304,7 @@ def agreed(comm, fn):
     rank, size = comm.Get_rank(), comm.Get_size()
     first = np.array([rank if error is not None else size], np.int64)
     low = np.empty_like(first)
-    comm.Allreduce(first, low, op=_min())
+    comm.Allreduce(first, low, op=_op("MIN"))
     who = int(low[0])
     if who == size:
         return result
@@ -220,8 +315,3 @@ def agreed(comm, fn):
     comm.Bcast(buf, root=who)
     message = buf.tobytes().decode()
     raise CheckpointError(message if rank == who else f"{message} (found on rank {who})")
-
-
-def _min():
-    from mpi4py import MPI
-    return MPI.MIN

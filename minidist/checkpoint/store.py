@@ -376,10 +376,12 @@ def load_index(path):
     return index
 
 
-def check_against(index, expected):
+def check_against(index, expected, extra_ok=False):
     """Raise a CheckpointError naming the first tensor missing, extra, or of another shape/dtype.
 
-    expected: {name: (shape, dtype)}, what the model being loaded into holds."""
+    expected: {name: (shape, dtype)}, what the model being loaded into holds. extra_ok:
+    the checkpoint may hold more (one pipeline stage holds some layers; the caller checks
+    that every tensor is held by some rank)."""
     have = index["tensors"]
     for name, (shape, dtype) in expected.items():
         if name not in have:
@@ -389,7 +391,7 @@ def check_against(index, expected):
             raise CheckpointError(f"tensor {name!r}: the checkpoint holds {tuple(t['shape'])} {t['dtype']}, "
                                   f"the model {tuple(shape)} {np.dtype(dtype).name} (another model?)")
     extra = [name for name in have if name not in expected]
-    if extra:
+    if extra and not extra_ok:
         raise CheckpointError(f"the checkpoint holds {extra[0]!r}, which the model lacks (another model?)")
 
 

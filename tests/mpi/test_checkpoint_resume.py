@@ -152,3 +152,97 @@ def test_a_checkpoint_of_another_model_is_refused_on_every_rank(folder):
     from minidist.checkpoint.format import CheckpointError
     with pytest.raises(CheckpointError, match="transformer"):
         layouts.load(COMM, folder, other, other.configure_optimizers(0.1, LR))
+
+
+# ----------------------------------------------------------------------------- tensor and pipeline parallelism
+
+TP_CFG = GPTConfig(block_size=9, vocab_size=255, n_layer=2, n_head=2, n_embd=10, dtype="float64")   # 255: padded
+
+
+def build_tp(comm, seed=11):
+    from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
+    model = TensorParallelGPT(GPT(TP_CFG, seed=seed), comm)
+    return model, model.configure_optimizers(0.1, LR), TensorParallelSync(model), None
+
+
+def build_3d(seed=11):
+    from minidist.comm import ProcessGrid
+    from minidist.parallel.parallel_3d import Parallel3D, build_stage
+    grid = ProcessGrid(tp=2, pp=2, dp=1)
+    stage, tp_model = build_stage(GPT(TP_CFG, seed=seed), grid)
+    opt = stage.configure_optimizers(0.1, LR) if hasattr(stage, "configure_optimizers") else \
+        GPT.configure_optimizers(stage, 0.1, LR)
+    return stage, opt, Parallel3D(stage, tp_model, grid, "1f1b", 2, opt), None
+
+
+def train_whole_batch(model, opt, dp, start, stop, m=1):
+    """Steps [start, stop) on the whole batch (tensor parallelism and the pipeline see it all)."""
+    losses = []
+    for step in range(start, stop):
+        x, y = DATA.get_batch("train", BATCH, step)
+        loss, _ = train_step(model, opt, micro_batches(x, y, step, 7, m), LR, CLIP, dp=dp)
+        losses.append(loss)
+    return losses
+
+
+def _sub(n):
+    return COMM.Split(0 if COMM.Get_rank() < n else MPI.UNDEFINED, COMM.Get_rank())
+
+
+@pytest.mark.parametrize("kind", ["tp2", "tp2-pp2"])
+def test_resume_is_bit_for_bit_under_tensor_and_pipeline_parallelism(folder, kind):
+    need = 2 if kind == "tp2" else 4
+    if COMM.Get_size() < need or (kind == "tp2-pp2" and COMM.Get_size() != 4):
+        pytest.skip(f"{kind} runs on {need} ranks")
+    sub = _sub(need) if kind == "tp2" else COMM
+    if sub != MPI.COMM_NULL:
+        build = (lambda seed=11: build_tp(sub, seed)) if kind == "tp2" else build_3d
+        m = 1 if kind == "tp2" else 2
+        model, opt, dp, _ = build()
+        straight = train_whole_batch(model, dp if kind != "tp2" else opt, dp, 0, 6, m)
+        layouts.save(sub, os.path.join(folder, "straight"), 6, model, opt)
+        model, opt, dp, _ = build()
+        first = train_whole_batch(model, dp if kind != "tp2" else opt, dp, 0, 3, m)
+        layouts.save(sub, os.path.join(folder, "run"), 3, model, opt)
+        model, opt, dp, _ = build(seed=99)
+        layouts.load(sub, os.path.join(folder, "run"), model, opt)
+        rest = train_whole_batch(model, dp if kind != "tp2" else opt, dp, 3, 6, m)
+        layouts.save(sub, os.path.join(folder, "resumed"), 6, model, opt)
+        assert first + rest == straight
+        if sub.Get_rank() == 0:
+            a, b = global_weights(os.path.join(folder, "straight")), global_weights(os.path.join(folder, "resumed"))
+            assert set(a) == set(b) and all(np.array_equal(a[n], b[n]) for n in a)
+            assert a["model.transformer.wte.weight"].shape == (255, 10)      # the padding is not saved
+        if sub is not COMM:
+            sub.Free()
+    COMM.Barrier()
+
+
+def test_tp_pp_checkpoint_loads_into_one_process_and_zero3_into_tp_pp(folder):
+    if COMM.Get_size() != 4:
+        pytest.skip("TP 2 x PP 2 runs on 4 ranks")
+    ref_model = GPT(TP_CFG, seed=11)
+    ref_opt = ref_model.configure_optimizers(0.1, LR)
+    reference = train_whole_batch(ref_model, ref_opt, None, 0, 6)
+    # TP 2 x PP 2 for 3 steps, saved; one process (rank 0) goes on from it
+    model, opt, dp, _ = build_3d()
+    train_whole_batch(model, dp, dp, 0, 3, 2)
+    layouts.save(COMM, os.path.join(folder, "3d"), 3, model, opt)
+    if COMM.Get_rank() == 0:
+        one = GPT(TP_CFG, seed=99)
+        one_opt = one.configure_optimizers(0.1, LR)
+        layouts.load(MPI.COMM_SELF, os.path.join(folder, "3d"), one, one_opt)
+        rest = train_whole_batch(one, one_opt, None, 3, 6)
+        assert max(_rel(a, b) for a, b in zip(rest, reference[3:])) <= 1e-10
+    # ZeRO-3 on 4 ranks for 3 steps, saved; TP 2 x PP 2 goes on from it to the reference's weights
+    zmodel = GPT(TP_CFG, seed=11)
+    zero = fsdp.FSDP(zmodel, zmodel.configure_optimizers(0.1, LR), COMM)
+    train(zmodel, zero, zero, COMM, 0, 3)
+    layouts.save(COMM, os.path.join(folder, "z3"), 3, zmodel, zero, zero)
+    model, opt, dp, _ = build_3d(seed=99)
+    layouts.load(COMM, os.path.join(folder, "z3"), model, opt)
+    train_whole_batch(model, dp, dp, 3, 6, 2)
+    layouts.save(COMM, os.path.join(folder, "3d-from-z3"), 6, model, opt)
+    got = global_weights(os.path.join(folder, "3d-from-z3"))
+    for name, p in ref_model.named_parameters():
+        assert _rel(got[f"model.{name}"], p.data) <= 1e-10, name
