@@ -52,10 +52,13 @@ def _flat_spans(group):
     return out
 
 
-def _tp_boxes(name, local, full_shape, spec, rank, t):
-    """[(box of the global tensor, index of the local array)] of a tensor-parallel shard
-    (minidist/parallel/tp_model.py's Shard): one box per block along the cut axis (c_attn's
-    q | k | v are three), the vocabulary's zero padding left out."""
+def tp_regions(full_shape, spec, rank, t):
+    """[(box of the global tensor, index into the local shard)] of tensor-parallel rank
+    `rank` of t, for a parameter cut as `spec` says (minidist/parallel/tp_model.py's Shard;
+    None: replicated, one box of the whole). The cut axis holds `spec.blocks` equal blocks
+    (c_attn's q | k | v are three), each cut in t by numpy.array_split's rule, so a rank's
+    shard is one box per block; rows of the vocabulary's zero padding belong to no global
+    tensor and are left out. (Exercise 11.1.)"""
     from minidist.comm.collectives import chunk_bounds
     if spec is None:
         return [([[0, n] for n in full_shape], tuple(slice(None) for _ in full_shape))]
@@ -104,7 +107,8 @@ def held_pieces(model, opt, zero=None):
         spec = tp.specs.get(name) if tp is not None else None
         s = opt.state.get(id(p)) if opt is not None else None
         states.append(s)
-        for box, index in _tp_boxes(name, p.data, full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1)):
+        regions = _lookup("tp_regions")(full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1))
+        for box, index in regions:
             region = {"box": box}
             out.append(Held(f"model.{name}", full_shape, region, p.data[index]))
             if s is not None:
@@ -315,3 +319,9 @@ def agreed(comm, fn):
     comm.Bcast(buf, root=who)
     message = buf.tobytes().decode()
     raise CheckpointError(message if rank == who else f"{message} (found on rank {who})")
+
+
+def _lookup(name):
+    """This module's function `name`, looked up when it runs (the grader plugs answers in)."""
+    import sys
+    return getattr(sys.modules[__name__], name)
