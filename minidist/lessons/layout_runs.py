@@ -1,0 +1,91 @@
+"""Lesson 11's layouts: one GPT trained under data parallelism, ZeRO 1-3, tensor
+parallelism or TP x PP, built the way the earlier lessons build them, with one training
+loop for all, so that a checkpoint saved under one can be resumed under another.
+
+    run = build("zero3", comm, cfg, seed)       # model, optimizer, dp slot, zero, batch rows
+    losses = train(run, data, batch, start, stop, lr, clip, seed)
+"""
+import numpy as np
+from mpi4py import MPI
+
+LAYOUTS = ("single", "dp", "zero1", "zero2", "zero3", "tp", "tp2pp2")
+
+
+class Run:
+    def __init__(self, name, comm, model, opt, slot, zero=None, whole_batch=False, micro=1):
+        self.name, self.comm, self.model, self.opt, self.slot = name, comm, model, opt, slot
+        self.zero, self.whole_batch, self.micro = zero, whole_batch, micro
+
+    @property
+    def optimizer(self):
+        """What train_step steps: ZeRO and 3D are their own optimizer."""
+        return self.slot if self.zero is not None or self.name == "tp2pp2" else self.opt
+
+    def describe(self):
+        n = self.comm.Get_size()
+        return {"single": "one process", "dp": f"data parallelism over {n} ranks",
+                "zero1": f"ZeRO-1 over {n} ranks", "zero2": f"ZeRO-2 over {n} ranks",
+                "zero3": f"ZeRO-3 (FSDP) over {n} ranks", "tp": f"tensor parallelism over {n} ranks",
+                "tp2pp2": "tensor parallelism 2 x pipeline 2 (1F1B, 2 micro-batches)"}[self.name]
+
+
+def problem(name, world, cfg):
+    """Why layout `name` cannot run on `world` ranks with this model (None when it can)."""
+    if name not in LAYOUTS:
+        return f"unknown layout {name!r}; the layouts are {', '.join(LAYOUTS)}"
+    if name == "tp2pp2" and world != 4:
+        return "tp2pp2 needs exactly 4 ranks (2 x 2)"
+    if name == "tp2pp2" and (cfg.n_head % 2 or cfg.n_layer < 2):
+        return "tp2pp2 needs an even --n-head and at least 2 layers"
+    if name == "tp" and cfg.n_head % world:
+        return f"tp over {world} ranks needs --n-head divisible by {world}"
+    return None
+
+
+def build(name, comm, cfg, seed, lr):
+    """A fresh run of layout `name` on `comm` from the seed's weights."""
+    from minidist.model import GPT
+    from minidist.parallel.data_parallel import NaiveDataParallel
+    full = GPT(cfg, seed=seed)
+    if name in ("single", "dp"):
+        opt = full.configure_optimizers(0.1, lr)
+        return Run(name, comm, full, opt, NaiveDataParallel(full, comm) if comm.Get_size() > 1 else None)
+    if name.startswith("zero"):
+        from minidist.parallel import fsdp
+        from minidist.parallel.zero import ZeRO
+        opt = full.configure_optimizers(0.1, lr)
+        zero = fsdp.FSDP(full, opt, comm) if name == "zero3" else ZeRO(full, opt, comm, int(name[-1]))
+        return Run(name, comm, full, opt, zero, zero)
+    if name == "tp":
+        from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
+        model = TensorParallelGPT(full, comm)
+        return Run(name, comm, model, model.configure_optimizers(0.1, lr), TensorParallelSync(model),
+                   whole_batch=True)
+    from minidist.comm import ProcessGrid
+    from minidist.parallel.parallel_3d import Parallel3D, build_stage
+    grid = ProcessGrid(tp=2, pp=2, dp=1, comm=comm)
+    stage, tp_model = build_stage(full, grid)
+    opt = GPT.configure_optimizers(stage, 0.1, lr)
+    return Run(name, comm, stage, opt, Parallel3D(stage, tp_model, grid, "1f1b", 2, opt), whole_batch=True, micro=2)
+
+
+def train(run, data, batch, start, stop, lr, clip, seed):
+    """Steps [start, stop): the mean loss of each step over the whole batch."""
+    from minidist.train import micro_batches, train_step
+    comm, size, rank = run.comm, run.comm.Get_size(), run.comm.Get_rank()
+    losses = []
+    for step in range(start, stop):
+        x, y = data.get_batch("train", batch, step)
+        if run.whole_batch:
+            rows = slice(0, batch)
+        else:
+            per = batch // size
+            rows = slice(rank * per, (rank + 1) * per)
+        loss, _ = train_step(run.model, run.optimizer, micro_batches(x[rows], y[rows], step, seed, run.micro, rows.start),
+                             lr, clip, dp=run.slot)
+        if not run.whole_batch and size > 1:
+            total = np.empty(1)
+            comm.Allreduce(np.array([loss]), total, op=MPI.SUM)
+            loss = float(total[0]) / size
+        losses.append(float(loss))
+    return losses
