@@ -30,6 +30,7 @@ DEMO = [
     ("07_3d_parallel", 8, ["--tp", "2", "--pp", "2", "--dp", "2", *SMALL[:-2], "--steps", "1", "--n-layer", "4"]),
     ("08_activation_recompute", 2, ["--tp", "2", *SMALL, "--sweep", "4,9"]),
     ("09_moe", 4, [*SMALL[:-4], "--batch-size", "12", "--steps", "2"]),
+    ("11_checkpoints", 4, []),
     ("10_precision_and_compression", 2, ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
                                          "--batch-size", "4", "--steps", "4", "--eval-interval", "2",
                                          "--eval-iters", "1"]),
