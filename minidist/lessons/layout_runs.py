@@ -8,7 +8,7 @@ loop for all, so that a checkpoint saved under one can be resumed under another.
 import numpy as np
 from mpi4py import MPI
 
-LAYOUTS = ("single", "dp", "zero1", "zero2", "zero3", "tp", "tp2pp2")
+LAYOUTS = ("single", "dp", "zero1", "zero2", "zero3", "tp", "pp", "tp2pp2")
 
 
 class Run:
@@ -26,6 +26,7 @@ class Run:
         return {"single": "one process", "dp": f"data parallelism over {n} ranks",
                 "zero1": f"ZeRO-1 over {n} ranks", "zero2": f"ZeRO-2 over {n} ranks",
                 "zero3": f"ZeRO-3 (FSDP) over {n} ranks", "tp": f"tensor parallelism over {n} ranks",
+                "pp": f"a pipeline of {n} stages (1F1B, {self.micro} micro-batches)",
                 "tp2pp2": "tensor parallelism 2 x pipeline 2 (1F1B, 2 micro-batches)"}[self.name]
 
 
@@ -39,6 +40,8 @@ def problem(name, world, cfg):
         return "tp2pp2 needs an even --n-head and at least 2 layers"
     if name == "tp" and cfg.n_head % world:
         return f"tp over {world} ranks needs --n-head divisible by {world}"
+    if name == "pp" and cfg.n_layer < world:
+        return f"a pipeline of {world} stages needs --n-layer {world} or more"
     return None
 
 
@@ -61,6 +64,12 @@ def build(name, comm, cfg, seed, lr):
         model = TensorParallelGPT(full, comm)
         return Run(name, comm, model, model.configure_optimizers(0.1, lr), TensorParallelSync(model),
                    whole_batch=True)
+    if name == "pp":
+        from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel
+        stage = PipelineGPT(full, comm.Get_size(), comm.Get_rank())
+        m = 2 * comm.Get_size()
+        return Run(name, comm, stage, stage.configure_optimizers(0.1, lr),
+                   PipelineParallel(stage, comm, "1f1b", m), whole_batch=True, micro=m)
     from minidist.comm import ProcessGrid
     from minidist.parallel.parallel_3d import Parallel3D, build_stage
     grid = ProcessGrid(tp=2, pp=2, dp=1, comm=comm)
