@@ -73,6 +73,14 @@ def check_input(args, cfg, world):
     common.batch_rows(args, 0, world)               # the batch splits over the ranks
 
 
+def run_meta(args, step):
+    """What a resumed run needs besides the tensors. The batches, the learning rate and the
+    dropout masks are functions of (seed, step, sample) here, so the step is the data
+    position, the schedule's position and the RNG state at once: nothing else to store."""
+    return {"seed": args.seed, "batch_size": args.batch_size, "data": {"position": step, "split": "train"},
+            "lr": {"schedule": "constant", "value": args.lr}, "rng": "dropout from (seed, step, sample)"}
+
+
 def describe_save(path, comm):
     """Lines about one checkpoint: its files, bytes per rank, pieces per rank."""
     index = store.load_index(path)
@@ -142,8 +150,8 @@ def main(args):
                 stop = min(args.stop_at, start + args.save_every)
                 first += runs.train(run, data, args.batch_size, start, stop, args.lr, args.grad_clip, args.seed)
                 t0 = time.perf_counter()
-                path = layouts.save(comm, root, stop, run.model, run.opt, run.zero,
-                                    meta={"seed": args.seed, "batch_size": args.batch_size}, keep=args.keep)
+                path = layouts.save(comm, root, stop, run.model, run.opt, run.zero, meta=run_meta(args, stop),
+                                    keep=args.keep)
                 save_lines.append((stop, time.perf_counter() - t0))
             say(f"  saved at steps {', '.join(str(s) for s, _ in save_lines)}; kept {args.keep}: "
                 f"{', '.join(sorted(f for f in os.listdir(root) if f.startswith('step')))}")
@@ -162,6 +170,9 @@ def main(args):
         raise harness.InputError(str(e))
     load_s = time.perf_counter() - t0
     start = int(meta["train_step"])
+    for key, mine in (("seed", args.seed), ("batch_size", args.batch_size)):
+        harness.need(meta.get(key, mine) == mine, f"the checkpoint was trained with --{key.replace('_', '-')} "
+                     f"{meta.get(key)}, this run has {mine}: resume with the same value")
     harness.need(start < args.steps, f"the checkpoint is at step {start}: nothing left to train (--steps {args.steps})")
     if killed is not None:
         code, left, after, problems = killed
