@@ -102,10 +102,13 @@ def held_pieces(model, opt, zero=None):
                     out.append(Held(f"optim.exp_avg_sq.{name}", shapes[name], region, s["exp_avg_sq"].reshape(-1)))
         return out, states
     tp = _tensor_parallel_of(model)
+    masters = getattr(opt, "master", None)       # precision.MixedPrecision: fp32 masters are the record
     for name, p in model.named_parameters():
         full_shape = tp.full_shapes[name] if tp is not None else tuple(p.shape)
         spec = tp.specs.get(name) if tp is not None else None
-        s = opt.state.get(id(p)) if opt is not None else None
+        if masters is not None:
+            p = masters[id(p)]
+        s = _states_of(opt).get(id(p)) if opt is not None else None
         states.append(s)
         regions = _lookup("tp_regions")(full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1))
         for box, index in regions:
@@ -115,6 +118,11 @@ def held_pieces(model, opt, zero=None):
                 out.append(Held(f"optim.exp_avg.{name}", full_shape, region, s["exp_avg"][index]))
                 out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, region, s["exp_avg_sq"][index]))
     return out, states
+
+
+def _states_of(opt):
+    """AdamW's state dict: the optimizer's own, or the inner one of MixedPrecision."""
+    return opt.inner.state if hasattr(opt, "master") else opt.state
 
 
 def _tensor_parallel_of(model):
@@ -234,9 +242,12 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
     target = zero.inner if zero is not None else opt
     # AdamW's state appears when the first step runs; a resumed run needs it now
     params = ([q for g in zero.groups for q in g.pieces] if zero is not None else list(model.parameters()))
+    if zero is None and hasattr(opt, "master"):
+        params = [opt.master[id(p)] for p in params]
     if step and target is not None:
+        states = _states_of(target) if zero is None else target.state
         for q in params:
-            target.state[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data)}
+            states[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data)}
     held, _ = held_pieces(model, target if zero is None else opt, zero)
     for h in held:
         if h.name.startswith("optim.") and not step:
@@ -246,6 +257,10 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
         from minidist.comm import ring_all_gather
         for g in zero.groups:
             g.write_back(ring_all_gather(zero.comm, g.flat_data()[g.lo:g.hi]))
+    if zero is None and hasattr(opt, "master"):  # the 16-bit weights: the masters rounded, as after a step
+        for i, p in enumerate(opt.params):
+            opt.weights16[i][...] = opt.master[id(p)].data.astype(opt.dt)
+        opt._round_weights()
     return step
 
 
@@ -258,13 +273,58 @@ def layout_of(comm, zero=None):
     return {"kind": f"zero{zero.stage}", "ranks": comm.Get_size()}
 
 
-def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None):
+def state_pieces(comm, state):
+    """The run's other state as pieces: state["shared"] {name: array} (the same on every rank:
+    a loss scale, a curriculum's position) written by rank 0 as `run.<name>`; state["per_rank"]
+    {name: array} (error-feedback residuals, which differ by rank) stacked along a first axis
+    of the ranks as `rank.<name>`, rank r writing row r."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    out = []
+    for name, a in sorted((state or {}).get("shared", {}).items()):
+        a = np.asarray(a)
+        if rank == 0:
+            out.append({"name": f"run.{name}", "global_shape": a.shape, "dtype": a.dtype, "array": a,
+                        "box": [[0, n] for n in a.shape]})
+    for name, a in sorted((state or {}).get("per_rank", {}).items()):
+        a = np.asarray(a)
+        out.append({"name": f"rank.{name}", "global_shape": (size,) + a.shape, "dtype": a.dtype,
+                    "array": a[None], "box": [[rank, rank + 1]] + [[0, n] for n in a.shape]})
+    return out
+
+
+def read_state(comm, path):
+    """The run's other state saved with `state=`: ({name: shared array}, {name: this rank's row}).
+
+    Per-rank state belongs to ranks: it loads only at the world size that saved it (the
+    residuals of 4 ranks mean nothing to 3); at another size it is left out, and said so."""
+    from minidist.checkpoint import store
+
+    def work():
+        ckpt = store.resolve(path)
+        index = store.load_index(ckpt)
+        shared, mine, dropped = {}, {}, []
+        for name, t in index["tensors"].items():
+            if name.startswith("run."):
+                shared[name[4:]] = store.read_global(ckpt, index, name)
+            elif name.startswith("rank."):
+                if t["shape"][0] != comm.Get_size():
+                    dropped.append(name[5:])
+                    continue
+                box = [[comm.Get_rank(), comm.Get_rank() + 1]] + [[0, n] for n in t["shape"][1:]]
+                mine[name[5:]] = store.read_region(ckpt, index, name, box=box)[0]
+        return shared, mine, dropped
+    return agreed(comm, work)
+
+
+def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, state=None):
     """Write this run's state as checkpoint `train_step` under `root` (every rank calls it).
 
     train_step: the steps trained so far: the data position and the learning-rate
-    schedule's position (batches, the schedule and dropout masks are functions of it)."""
+    schedule's position (batches, the schedule and dropout masks are functions of it).
+    state: the run's other state, {"shared": {...}, "per_rank": {...}} (state_pieces)."""
     from minidist.checkpoint import store
     pieces, opt_step = pieces_of(model, opt, comm, zero)
+    pieces += state_pieces(comm, state)
     meta = dict(meta or {}, train_step=int(train_step), optimizer_step=opt_step, layout=layout_of(comm, zero))
     return store.save(comm, root, int(train_step), pieces, meta, keep=keep)
 
@@ -286,7 +346,7 @@ def load(comm, path, model, opt, zero=None):
         ckpt = store.resolve(path)
         index = store.load_index(ckpt)
         store.check_against(index, expected, extra_ok=True)
-        extra = sorted(set(index["tensors"]) - union)
+        extra = sorted(n for n in set(index["tensors"]) - union if not n.startswith(("run.", "rank.")))
         if extra:
             raise CheckpointError(f"the checkpoint holds {extra[0]!r}, which no rank's model has (another model?)")
 

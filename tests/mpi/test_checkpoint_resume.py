@@ -265,3 +265,62 @@ def test_tp_pp_checkpoint_loads_into_one_process_and_zero3_into_tp_pp(folder):
     got = global_weights(os.path.join(folder, "3d-from-z3"))
     for name, p in ref_model.named_parameters():
         assert _rel(got[f"model.{name}"], p.data) <= 1e-10, name
+
+
+# ----------------------------------------------------------------------------- lesson 10's state
+
+def test_resume_keeps_the_loss_scale_the_residuals_and_the_curriculum(folder):
+    """fp16 with fp32 masters and a loss scale that moves, 1-bit compression with error
+    feedback, a sequence-length curriculum: all three are state a resumed run needs."""
+    from minidist.curriculum import Curriculum
+    from minidist.parallel.compression import CompressedDataParallel
+    from minidist.precision import GradScaler, MixedPrecision, autocast
+    cfg = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=12, dtype="float32")
+    data = Dataset.from_text(default_corpus()[:20_000], block_size=16, seed=5)
+
+    def fresh(seed):
+        model = GPT(cfg, seed=seed)
+        opt = MixedPrecision(model.configure_optimizers(0.1, LR), model, "fp16")
+        return (model, opt, CompressedDataParallel(model, COMM, "1bit", warmup_steps=1),
+                GradScaler(init_scale=2.0 ** 12, growth_interval=2, comm=COMM),
+                Curriculum(16, BATCH, total_tokens=10 ** 9, ramp_steps=5, start=8))
+
+    def steps(run, n):
+        model, opt, dp, scaler, cur = run
+        per, rank = BATCH // COMM.Get_size(), COMM.Get_rank()
+        losses = []
+        for _ in range(n):
+            L = cur.seqlen()
+            x, y = data.get_batch("train", BATCH, cur.step)
+            rows = slice(rank * per, (rank + 1) * per)
+            with autocast("fp16"), np.errstate(over="ignore", invalid="ignore"):
+                loss, _ = train_step(model, opt, micro_batches(x[rows, :L], y[rows, :L], cur.step, 7, 1, rows.start),
+                                     LR, CLIP, dp=dp, scaler=scaler)
+            losses.append(loss)
+            cur.advance(L)
+        return losses
+
+    def state(run):
+        _, _, dp, scaler, cur = run
+        shared = {f"scaler.{k}": v for k, v in scaler.state_dict().items()}
+        shared.update({f"curriculum.{k}": np.array(v) for k, v in cur.state_dict().items()})
+        return {"shared": shared, "per_rank": {f"compression.{k}": v for k, v in dp.state_dict().items()}}
+
+    straight = fresh(11)
+    want = steps(straight, 6)
+    a = fresh(11)
+    first = steps(a, 3)
+    layouts.save(COMM, folder, 3, a[0], a[1], state=state(a))
+    b = fresh(99)
+    layouts.load(COMM, folder, b[0], b[1])
+    shared, mine, dropped = layouts.read_state(COMM, folder)
+    assert not dropped
+    b[3].load_state_dict({k[7:]: v for k, v in shared.items() if k.startswith("scaler.")})
+    b[4].load_state_dict({k[11:]: v for k, v in shared.items() if k.startswith("curriculum.")})
+    b[2].load_state_dict({k[12:]: v for k, v in mine.items()})
+    rest = steps(b, 3)
+    assert first + rest == want
+    assert b[3].scale == straight[3].scale and b[4].tokens == straight[4].tokens
+    for p, q in zip(straight[0].parameters(), b[0].parameters()):
+        assert np.array_equal(straight[1].master[id(p)].data, b[1].master[id(q)].data)
+        assert np.array_equal(p.data, q.data)
