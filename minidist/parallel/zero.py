@@ -34,6 +34,11 @@ optimizer, so fsdp.py imports this file (FSDP = ZeRO at stage 3 over its Units) 
 file never imports fsdp.py: it takes the units as an argument (any object with `groups`,
 `reshard`, `on_grad` and `backward_context`). This file stays the optimizer and the dp
 slot; gathering and freeing units stays fsdp's topic.
+
+Offload (ZeRO-Infinity's NVMe tier, parallel/offload.py): `ZeRO(..., offload="disk",
+offload_dir=PATH, chunk_bytes=...)` keeps AdamW's m and v of my partition (and, at stage
+3, my shards) in numpy.memmap files, stepped chunk by chunk with the same bits; `close()`
+or a `with` block removes the files; `offload_bytes()` counts what the steps moved.
 """
 import contextlib
 
@@ -43,6 +48,7 @@ from mpi4py import MPI
 from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_reduce_scatter_start
 from minidist.optim import AdamW, grad_norm_sq
+from minidist.parallel import offload as offload_module
 from minidist.parallel.data_parallel import assign_buckets
 # the flat sharded buffer and the exercises' answers 5.1 and 5.2, re-exported under these
 # names (zero.partition, zero.reduce_scatter_grad, zero.Group: the very same objects)
@@ -74,10 +80,15 @@ class ZeRO:
       gradient is ready and moves on between backward's ops (DeepSpeed's overlap_comm);
       at most `max_in_flight` at once (DeepSpeed's double buffer): starting one more waits
       for the oldest, so the full-size copies alive stay a few buckets, not the gradient.
+
+    offload: None, or "disk" (parallel/offload.py: AdamW's state, and stage 3's shards, in
+      files in `offload_dir` (None: a temporary folder), `chunk_bytes` at a time), or "host"
+      (refused: on NumPy host and device are one memory). Close it (`close()`, `with`).
     """
 
     def __init__(self, model, opt, comm, stage=1, bucket_bytes=2**18, overlap=False,
-                 units=None, max_in_flight=2, reduce_dtype=None):
+                 units=None, max_in_flight=2, reduce_dtype=None, offload=None, offload_dir=None,
+                 chunk_bytes=4 * 2**20):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
         if stage == 3 and units is None:
@@ -99,6 +110,8 @@ class ZeRO:
             g.reduce_dtype = reduce_dtype
         self.inner = sharded_adamw(opt, self.groups)
         self.param_groups = self.inner.param_groups
+        self.offload = offload_module.make(offload, self.inner, self.groups, MPI.COMM_WORLD.Get_rank(), stage,
+                                           offload_dir, chunk_bytes)
         self.hooks = []
         if stage == 2:
             self.of = {id(p): g for g in self.groups for p in g.params}
@@ -124,11 +137,32 @@ class ZeRO:
     def step(self):
         """AdamW on my pieces, then (stages 1, 2) all-gather the updated weights."""
         self.held_grad_bytes = self.grad_bytes()   # what the update reads (or keeps) now
-        self.inner.step()
+        (self.offload or self.inner).step()
         if self.stage < 3:
             for g in self.groups:
                 mine = g.flat_data()[g.lo:g.hi]
                 g.write_back(ring_all_gather(self.comm, mine))
+
+    # -- offload: the files and what moved through them
+    def offload_bytes(self):
+        """{"bytes_read", "bytes_written", "steps"}: what the optimizer steps moved through
+        the offload files so far (plus, in bytes_written, stage 3's shards written once when
+        this object was built); zeros without offload."""
+        if self.offload is None:
+            return {"bytes_read": 0, "bytes_written": 0, "steps": 0}
+        return dict(self.offload.store.stats)
+
+    def close(self):
+        """Remove the offload files (nothing to do without offload)."""
+        if self.offload is not None:
+            self.offload.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # -- train_step's dp slot
     @contextlib.contextmanager
@@ -219,6 +253,9 @@ class ZeRO:
         weights (stage 3: my shards), gradients as the optimizer found them (stage 1 keeps
         the whole local gradient beside my partition), optimizer state."""
         params = sum(p.data.nbytes for p in self.model.parameters())
+        if self.offload is not None:        # offloaded: in files, not in memory; "disk" says how much
+            return {"params": params, "grads": self.held_grad_bytes, "optimizer": 0,
+                    "disk": sum(self.offload.store.file_bytes().values())}
         if self.stage == 3:
             params += sum(g.shard.nbytes for g in self.groups)
         return {"params": params, "grads": self.held_grad_bytes, "optimizer": self.state_bytes()}
