@@ -102,10 +102,22 @@ def held_pieces(model, opt, zero=None):
                     out.append(Held(f"optim.exp_avg_sq.{name}", shapes[name], region, s["exp_avg_sq"].reshape(-1)))
         return out, states
     tp = _tensor_parallel_of(model)
+    experts = expert_slices(model)
     masters = getattr(opt, "master", None)       # precision.MixedPrecision: fp32 masters are the record
     for name, p in model.named_parameters():
         full_shape = tp.full_shapes[name] if tp is not None else tuple(p.shape)
         spec = tp.specs.get(name) if tp is not None else None
+        if name in experts:                      # experts [lo, hi) of E: one box along the first axis
+            lo, hi, E = experts[name]
+            full_shape = (E,) + tuple(p.shape[1:])
+            s = _states_of(opt).get(id(p)) if opt is not None else None
+            states.append(s)
+            box = {"box": [[lo, hi]] + [[0, n] for n in p.shape[1:]]}
+            out.append(Held(f"model.{name}", full_shape, box, p.data))
+            if s is not None:
+                out.append(Held(f"optim.exp_avg.{name}", full_shape, box, s["exp_avg"]))
+                out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, box, s["exp_avg_sq"]))
+            continue
         if masters is not None:
             p = masters[id(p)]
         s = _states_of(opt).get(id(p)) if opt is not None else None
@@ -118,6 +130,18 @@ def held_pieces(model, opt, zero=None):
                 out.append(Held(f"optim.exp_avg.{name}", full_shape, region, s["exp_avg"][index]))
                 out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, region, s["exp_avg_sq"][index]))
     return out, states
+
+
+def expert_slices(model):
+    """{parameter name: (lo, hi, E)} of the expert weights an expert-parallel layer holds
+    (minidist/parallel/expert_parallel.py: experts [lo, hi) of E, stacked on the first axis)."""
+    out = {}
+    for prefix, m in model.named_modules() if hasattr(model, "named_modules") else []:
+        if hasattr(m, "ep_comm") and hasattr(m, "lo"):
+            for sub in ("c_fc", "c_proj"):
+                for n, _ in getattr(m, sub).named_parameters():
+                    out[f"{prefix}{sub}.{n}"] = (m.lo, m.hi, m.n_expert)     # (prefix ends with a dot)
+    return out
 
 
 def _states_of(opt):
@@ -221,8 +245,9 @@ def expected_tensors(model, zero=None, with_optimizer=True):
     if zero is not None:
         named = [(n, tuple(s), g.dtype) for g in zero.groups for n, s in zip(g.names, g.shapes)]
     else:
-        tp = _tensor_parallel_of(model)
-        named = [(n, tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
+        tp, experts = _tensor_parallel_of(model), expert_slices(model)
+        named = [(n, (experts[n][2],) + tuple(p.shape[1:]) if n in experts else
+                  tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
                  for n, p in model.named_parameters()]
     out = {f"model.{n}": (s, np.dtype(d)) for n, s, d in named}
     if with_optimizer:

@@ -324,3 +324,37 @@ def test_resume_keeps_the_loss_scale_the_residuals_and_the_curriculum(folder):
     for p, q in zip(straight[0].parameters(), b[0].parameters()):
         assert np.array_equal(straight[1].master[id(p)].data, b[1].master[id(q)].data)
         assert np.array_equal(p.data, q.data)
+
+
+# ----------------------------------------------------------------------------- experts
+
+def test_expert_parallel_resume_and_load_into_one_process(folder):
+    """Experts [lo, hi) of E on each rank are boxes of the stacked expert tensors: resume
+    bit for bit under expert parallelism, and the whole experts load into one process."""
+    import dataclasses
+    from minidist.parallel.expert_parallel import expert_parallel
+    n = COMM.Get_size()
+    cfg = dataclasses.replace(CFG, n_expert=max(2, n), top_k=2, moe_every=1, moe_groups=n)
+
+    def fresh(seed):
+        model = GPT(cfg, seed=seed)
+        ep = expert_parallel(model, COMM, COMM)
+        return model, model.configure_optimizers(0.1, LR), ep
+
+    a = fresh(11)
+    want = train(*a, COMM, 0, 3)
+    b = fresh(11)
+    first = train(*b, COMM, 0, 1)
+    layouts.save(COMM, folder, 1, b[0], b[1])
+    c = fresh(99)
+    layouts.load(COMM, folder, c[0], c[1])
+    assert first + train(*c, COMM, 1, 3) == want
+    saved = global_weights(folder)
+    assert saved["model.transformer.h.0.mlp.c_fc.weight"].shape[0] == max(2, n)
+    if COMM.Get_rank() == 0:
+        one = GPT(cfg, seed=99)
+        one_opt = one.configure_optimizers(0.1, LR)
+        layouts.load(MPI.COMM_SELF, folder, one, one_opt)
+        for name, p in one.named_parameters():
+            assert np.array_equal(p.data, saved[f"model.{name}"]), name
+    COMM.Barrier()
