@@ -9,14 +9,16 @@ Two functions, each mirroring the package's by name and signature:
 - 11.2 `copy_overlap` (minidist/checkpoint/store.py): resharding, one piece at a time:
   copy the part of a saved piece that lies inside the region a rank asks for.
 
-Both are plain NumPy in one process. Grade the file with
+Both are plain NumPy in one process; the grader grades the file at 2 ranks, because
+lesson 11 runs with your function plugged in on 2:
 
-    python -m minidist.grade lessons/exercises/11_checkpoints.py
+    mpirun -n 2 python -m minidist.grade lessons/exercises/11_checkpoints.py
 
 After the unit checks, each check plugs your function into the package and saves and
 loads real checkpoints with it (a tiny GPT trained a few steps, cut for tensor
 parallelism in 2 and 3, loaded into one process and into another cut), against the
-package's own answer, bit for bit. Leave the inputs unchanged (copy_overlap writes into
+package's own answer, bit for bit; then lesson 11 trains under tensor parallelism on 2
+ranks, saves, resumes under data parallelism and must match one process without a stop. Leave the inputs unchanged (copy_overlap writes into
 `out` only).
 
 A box is a list of [start, stop] per dimension of the GLOBAL tensor (as saved: the one

@@ -1,7 +1,7 @@
 """tp_regions that cuts each block in t equal parts (n // t), not by array_split's rule."""
 
 EXPECT = {'11.1': "numpy.array_split's rule"}
-RANKS = 1
+RANKS = 2
 
 
 def tp_regions(full_shape, spec, rank, t):

@@ -3,7 +3,7 @@ checkpoint round trips with each function plugged into the package included."""
 from minidist.comm import chunk_bounds
 
 EXPECT = {"11.1": None, "11.2": None}
-RANKS = 1
+RANKS = 2
 
 
 def tp_regions(full_shape, spec, rank, t):

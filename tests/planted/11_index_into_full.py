@@ -2,7 +2,7 @@
 from minidist.comm import chunk_bounds
 
 EXPECT = {'11.1': "the index is into this rank's LOCAL shard"}
-RANKS = 1
+RANKS = 2
 
 
 def tp_regions(full_shape, spec, rank, t):

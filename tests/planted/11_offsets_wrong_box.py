@@ -1,7 +1,7 @@
 """copy_overlap that takes piece's part at offsets relative to out_box."""
 
 EXPECT = {'11.2': "piece's part was taken at offsets relative to out_box"}
-RANKS = 1
+RANKS = 2
 
 
 def copy_overlap(out, out_box, piece, piece_box):

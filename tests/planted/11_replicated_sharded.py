@@ -2,7 +2,7 @@
 from minidist.comm import chunk_bounds
 
 EXPECT = {'11.1': 'spec None is replicated'}
-RANKS = 1
+RANKS = 2
 
 
 def tp_regions(full_shape, spec, rank, t):

@@ -35,6 +35,10 @@ store.read_region, which calls copy_overlap), and into the ranks of the other cu
 into 2 and 2 into 3: pieces that overlap a region in part). Every loaded weight and AdamW
 moment must equal the saved one, bit for bit, and one more training step of the loaded
 one-process model must give the uninterrupted run's loss and weights.
+
+Then the plug-in check runs lesson 11 with the function plugged in (below): trained under
+tensor parallelism on 2 ranks, saved, resumed under data parallelism, so the grader grades
+this file at 2 ranks (mpirun -n 2).
 """
 import json
 import shutil
@@ -44,7 +48,7 @@ import numpy as np
 
 from minidist.checkpoint import layouts, store
 from minidist.grader.checks import Exercise, yours
-from minidist.grader.plugin import plugged
+from minidist.grader.plugin import Run, plugged
 
 # ----------------------------------------------------------------------------- referees
 
@@ -534,15 +538,21 @@ def _round_trips(name, fn):
 
 # ----------------------------------------------------------------------------- the exercises
 
-# LESSON RUN: the plug-in check (minidist/grader/plugin.py) should run lesson 11
-# (minidist.lessons.11_checkpoints: save, resume and reshard, bit for bit) with the function
-# plugged in, e.g.
-#     RUNS = (Run("11_checkpoints", lambda n: ("--n-layer", "1", "--n-embd", "16", "--n-head", "2",
-#                  "--block-size", "8", "--batch-size", str(2 * n), "--steps", "4", "--save-every", "2",
-#                  "--dir", <a fresh folder>), ranks=...),)
-# and pass runs=RUNS below. The lesson is not in the package yet, so each check runs its own
-# round trip (_round_trips) after its unit cases instead; keep both once the lesson exists.
+# The plug-in check (minidist/grader/plugin.py) runs lesson 11 with the function plugged in:
+# a tiny GPT trained under tensor parallelism on 2 ranks (its c_attn in three blocks, each
+# cut in 2), saved (layouts.held_pieces calls tp_regions), then resumed under data
+# parallelism on the same 2 ranks, each reading whole tensors assembled from the TP
+# pieces (store.read_region calls copy_overlap), and trained on: its losses and final
+# weights must match one process trained without a stop. A wrong answer there makes the
+# lesson crash (a box outside the tensor, pieces that overlap) or MISMATCH. The check's own
+# round trips (above) add what this run does not reach: t = 3, a padded vocabulary, a
+# TP 3 -> TP 2 reshard.
+LESSON = "11_checkpoints"
+RUNS = (Run(LESSON, lambda n: ("--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+                               "--batch-size", str(2 * n), "--steps", "4", "--save-every", "2", "--no-kill",
+                               "--save-layout", "tp", "--resume-layout", "dp"), ranks=2),)
+
 EXERCISES = [
-    Exercise("11.1", "tp_regions", layouts.tp_regions, check_tp_regions),
-    Exercise("11.2", "copy_overlap", store.copy_overlap, check_copy_overlap),
+    Exercise("11.1", "tp_regions", layouts.tp_regions, check_tp_regions, runs=RUNS),
+    Exercise("11.2", "copy_overlap", store.copy_overlap, check_copy_overlap, runs=RUNS),
 ]
