@@ -102,7 +102,8 @@ def test_only_the_round_trip_catches_a_tp_regions_that_differs_in_use():
             box[spec.axis][1] = spec.padded if rank == t - 1 else box[spec.axis][1]
             out[-1] = (box, index)
         return out
-    with pytest.raises(AssertionError, match="saved as 2 tensor-parallel ranks.*your tp_regions.*the checkpoint refused it"):
+    words = "saved as 2 tensor-parallel ranks.*your tp_regions.*the checkpoint refused it"
+    with pytest.raises(AssertionError, match=words):
         ex11.check_tp_regions(sneaky)
 
 

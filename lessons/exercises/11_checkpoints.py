@@ -18,8 +18,8 @@ After the unit checks, each check plugs your function into the package and saves
 loads real checkpoints with it (a tiny GPT trained a few steps, cut for tensor
 parallelism in 2 and 3, loaded into one process and into another cut), against the
 package's own answer, bit for bit; then lesson 11 trains under tensor parallelism on 2
-ranks, saves, resumes under data parallelism and must match one process without a stop. Leave the inputs unchanged (copy_overlap writes into
-`out` only).
+ranks, saves, resumes under data parallelism and must match one process without a stop.
+Leave the inputs unchanged (copy_overlap writes into `out` only).
 
 A box is a list of [start, stop] per dimension of the GLOBAL tensor (as saved: the one
 process's shape, no padding), stop excluded: [[0, 4], [3, 6]] is rows 0..3 of columns
