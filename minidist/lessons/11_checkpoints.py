@@ -95,6 +95,13 @@ def describe_save(path, comm):
                                   ("step", "optim.step")) if any(n.startswith(pre) for n in names)]
         lines.append(f"    {fname}  {fmt_bytes(index['files'][fname]['size']):>11}  {len(names):3d} pieces  "
                      f"({', '.join(kinds) or 'nothing'})")
+    tensors = index["tensors"]
+    data = sum(int(np.prod(t["shape"], dtype=np.int64)) * np.dtype(t["dtype"]).itemsize for t in tensors.values())
+    psi = sum(int(np.prod(t["shape"], dtype=np.int64)) for n, t in tensors.items() if n.startswith("model."))
+    item = np.dtype(tensors[next(n for n in tensors if n.startswith("model."))]["dtype"]).itemsize
+    files = sum(f["size"] for f in index["files"].values())
+    lines.append(f"  all files {fmt_bytes(files)}, of which tensors {data:,} B measured; by formula, weights, m\n"
+                 f"  and v, 3 x {psi:,} parameters x {item} B, + 8 B (the step) = {3 * psi * item + 8:,} B")
     return lines
 
 
