@@ -75,7 +75,7 @@ def test_the_lessons_cite_the_reference_page_and_the_course_map_exists():
         assert "docs/reference.md#" in (ROOT / "lessons" / name).read_text(), name
 
 
-@pytest.mark.parametrize("page", sorted(ROOT.glob("lessons/0*.md")), ids=lambda p: p.name)
+@pytest.mark.parametrize("page", sorted(ROOT.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.name)
 def test_each_lesson_text_ends_with_its_exercises(page):
     headings = re.findall(r"^## (.*)$", page.read_text(), flags=re.M)
     assert headings[-1] == "Exercises", f"{page.name} ends with '{headings[-1]}'"
