@@ -258,7 +258,7 @@ class OffloadedAdamW:
             store.drop("param")
         self.initial_write = store.stats["bytes_written"]
         self.chunk = max(1, store.chunk_bytes // self.dtype.itemsize)
-        self.buffers = None                  # made at the first step, chunk-sized, reused
+        self.buffers = None                  # chunk-sized scratch, made for each step and reused within it
         self.runner = AdamW([Parameter(xp.zeros(1, self.dtype))])   # runs AdamW's step on one chunk
 
     def views(self, q):
@@ -333,6 +333,7 @@ class OffloadedAdamW:
                     if "v_step" in after:
                         s["v_step"] = after["v_step"]
         runner.param_groups, runner.state = [], {}
+        self.buffers = None                  # scratch too is not kept between steps
         store.flush()
         store.stats["steps"] += 1
 
