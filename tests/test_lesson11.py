@@ -40,6 +40,18 @@ def test_lesson_11_resumes_under_another_layout(tmp_path, n, flags):
     assert kept == ["step00000003", "step00000006"]                       # --keep 2
 
 
+def test_offload_to_disk_resumes_and_reports_the_bytes_it_moved(tmp_path):
+    out = tmp_path / "report.json"
+    proc = mpirun(3, ["--save-layout", "zero3", "--resume-layout", "zero1", "--offload", "disk", "--no-kill",
+                      "--batch-size", "6", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["match"] is True
+    moved = report["figures"]["offload"]
+    assert moved["steps"] == 1 and moved["bytes_read"] == moved["state_bytes"] > 0    # stage 1: m and v, once
+    assert "offload to disk (zero1)" in proc.stdout
+
+
 def test_a_truncated_shard_gets_one_message_and_exit_2_on_every_rank(tmp_path):
     root = tmp_path / "ckpt"
     proc = mpirun(2, ["--save-layout", "zero1", "--resume-layout", "dp", "--no-kill", "--dir", str(root)])

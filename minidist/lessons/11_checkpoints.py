@@ -48,6 +48,9 @@ def build_parser():
     p.add_argument("--dir", metavar="PATH", help="where the checkpoints go (kept); default a temporary folder")
     p.add_argument("--resume", metavar="CKPT", help="skip the first part: resume from this checkpoint (or folder)")
     p.add_argument("--no-kill", dest="kill", action="store_false", help="do not demonstrate the killed save")
+    p.add_argument("--offload", choices=["none", "disk"], default="none",
+                   help="disk: the ZeRO layouts keep AdamW's state (stage 3: the shards too) in files "
+                        "(ZeRO-Infinity's NVMe tier); prints resident memory with and without")
     return p
 
 
@@ -68,9 +71,49 @@ def check_input(args, cfg, world):
     for flag, name in (("--save-layout", args.save_layout), ("--resume-layout", args.resume_layout)):
         why = runs.problem(name, world, cfg)
         harness.need(why is None, f"{flag} {name}: {why}")
-    if not runs.LAYOUTS or args.resume_layout in ("tp", "tp2pp2") or args.save_layout in ("tp", "tp2pp2"):
-        return
-    common.batch_rows(args, 0, world)               # the batch splits over the ranks
+    harness.need(args.offload == "none" or any(n.startswith("zero") for n in (args.save_layout, args.resume_layout)),
+                 "--offload disk moves ZeRO's partitions: give --save-layout or --resume-layout zero1, zero2 or zero3")
+    if not any(n in ("tp", "pp", "tp2pp2") for n in (args.save_layout, args.resume_layout)):
+        common.batch_rows(args, 0, world)           # the batch splits over the ranks
+
+
+def offload_kw(args, root, part):
+    """ZeRO's offload options for one part of the run (each its own folder of files)."""
+    if args.offload == "none":
+        return {}
+    return {"offload": "disk", "offload_dir": os.path.join(root, f"offload-{part}")}
+
+
+def offload_report(comm, args, cfg, data, root):
+    """Resident memory that one ZeRO step of the same layout adds, offloaded and in memory."""
+    import gc
+    from minidist.parallel.offload import rss_bytes
+    name = args.resume_layout if args.resume_layout.startswith("zero") else args.save_layout
+    out = {}
+    for kind in ("disk", "none"):
+        kw = {} if kind == "none" else {"offload": "disk", "offload_dir": os.path.join(root, "offload-measure")}
+        gc.collect()
+        before = rss_bytes()
+        run = runs.build(name, comm, cfg, args.seed, args.lr, **kw)
+        runs.train(run, data, args.batch_size, 0, 1, args.lr, args.grad_clip, args.seed)
+        grew = common.mpi_reduce(comm, float(rss_bytes() - before))
+        moved = run.zero.offload_bytes()
+        held = sum(a.nbytes for s in run.zero.inner.state.values() for a in s.values() if hasattr(a, "nbytes"))
+        shards = sum(g.shard.nbytes for g in run.zero.groups) if run.zero.stage == 3 else 0
+        out[kind] = (grew, moved, held + shards, shards)
+        run.zero.close()
+        del run
+    (grew1, moved, state, shards), grew0 = out["disk"], out["none"][0]
+    steps = max(1, moved["steps"])
+    say(f"\noffload to disk ({name}): AdamW's m and v of each rank's partition"
+        + (" and its shards" if name == "zero3" else "") + " live in files, stepped in chunks")
+    say(f"  resident memory one step of {name} added, largest rank: in memory {fmt_bytes(grew0)}, "
+        f"offloaded {fmt_bytes(grew1)}\n  (difference {fmt_bytes(grew0 - grew1)}, beside the {fmt_bytes(state)} per rank "
+        f"kept in files; glibc keeps freed\n  memory unless MALLOC_MMAP_THRESHOLD_=131072: small models blur it)")
+    say(f"  per step and rank: read {fmt_bytes(moved['bytes_read'] / steps)}, written "
+        f"{fmt_bytes((moved['bytes_written'] - shards) / steps)}"
+        + (f" (+ the shards, {fmt_bytes(shards)}, once at the start)" if shards else ""))
+    return {"rss_added_in_memory": grew0, "rss_added_offloaded": grew1, "state_bytes": state, **moved}
 
 
 def run_meta(args, step):
@@ -151,7 +194,7 @@ def main(args):
         if args.resume:
             path = os.path.abspath(args.resume)
         else:
-            run = runs.build(args.save_layout, comm, cfg, args.seed, args.lr)
+            run = runs.build(args.save_layout, comm, cfg, args.seed, args.lr, **offload_kw(args, root, "part1"))
             say(f"\npart 1: {run.describe()}, steps 0-{args.stop_at - 1}, a save every {args.save_every}")
             for start in range(0, args.stop_at, args.save_every):
                 stop = min(args.stop_at, start + args.save_every)
@@ -170,7 +213,8 @@ def main(args):
                 killed = killed_save(root, path)
             comm.Barrier()
         # part 2: resume under the other layout
-        resumed = runs.build(args.resume_layout, comm, cfg, args.seed + 1, args.lr)   # other weights: all replaced
+        resumed = runs.build(args.resume_layout, comm, cfg, args.seed + 1, args.lr,   # other weights: all replaced
+                             **offload_kw(args, root, "part2"))
         t0 = time.perf_counter()
         meta = layouts.load(comm, path, resumed.model, resumed.opt, resumed.zero)
     except CheckpointError as e:
@@ -193,6 +237,10 @@ def main(args):
     final = layouts.save(comm, root, args.steps, resumed.model, resumed.opt, resumed.zero, keep=args.keep)
     got = {n: store.read_global(final, store.load_index(final), f"model.{n}") for n, _ in ref.model.named_parameters()}
 
+    offload = offload_report(comm, args, cfg, data, root) if args.offload == "disk" else None
+    for r in (locals().get("run"), resumed):
+        if r is not None and r.zero is not None:
+            r.zero.close()
     losses = first + rest
     have = ref_losses[:len(first)] + ref_losses[start:]
     state = {"loss": np.array(losses), **{f"weight:{n}": got[n] for n in got}}
@@ -208,7 +256,7 @@ def main(args):
                                 match=bool(rel <= tol), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
                                 losses={"uninterrupted": have, "resumed": losses},
                                 figures={"save_ms": [t * 1e3 for _, t in save_lines], "load_ms": load_s * 1e3,
-                                         "resumed_from_step": start,
+                                         "resumed_from_step": start, "offload": offload,
                                          "killed_save_left_latest_intact": None if killed is None else
                                          bool(not killed[3] and killed[2] == store.resolve(path))})
     if not args.dir and rank == 0:

@@ -45,8 +45,9 @@ def problem(name, world, cfg):
     return None
 
 
-def build(name, comm, cfg, seed, lr):
-    """A fresh run of layout `name` on `comm` from the seed's weights."""
+def build(name, comm, cfg, seed, lr, offload=None, offload_dir=None):
+    """A fresh run of layout `name` on `comm` from the seed's weights. offload="disk": the
+    ZeRO layouts keep AdamW's state (stage 3: the shards too) in files (parallel/offload.py)."""
     from minidist.model import GPT
     from minidist.parallel.data_parallel import NaiveDataParallel
     full = GPT(cfg, seed=seed)
@@ -57,7 +58,8 @@ def build(name, comm, cfg, seed, lr):
         from minidist.parallel import fsdp
         from minidist.parallel.zero import ZeRO
         opt = full.configure_optimizers(0.1, lr)
-        zero = fsdp.FSDP(full, opt, comm) if name == "zero3" else ZeRO(full, opt, comm, int(name[-1]))
+        kw = {"offload": offload, "offload_dir": offload_dir} if offload else {}
+        zero = fsdp.FSDP(full, opt, comm, **kw) if name == "zero3" else ZeRO(full, opt, comm, int(name[-1]), **kw)
         return Run(name, comm, full, opt, zero, zero)
     if name == "tp":
         from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync

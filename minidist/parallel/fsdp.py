@@ -46,9 +46,10 @@ from minidist.parallel.flat_shards import Group, free_params, gather_params, red
 from minidist.parallel.zero import ZeRO
 from minidist.tensor import Function, backward_step_callback
 
-def FSDP(model, opt, comm, reshard_after_forward=True, prefetch=True):
-    """The optimizer and train_step's slot of an FSDP run: ZeRO stage 3 over these units."""
-    return ZeRO(model, opt, comm, stage=3, units=Units(model, comm, reshard_after_forward, prefetch))
+def FSDP(model, opt, comm, reshard_after_forward=True, prefetch=True, **zero_kw):
+    """The optimizer and train_step's slot of an FSDP run: ZeRO stage 3 over these units.
+    zero_kw: ZeRO's other options (offload="disk", offload_dir=...: parallel/offload.py)."""
+    return ZeRO(model, opt, comm, stage=3, units=Units(model, comm, reshard_after_forward, prefetch), **zero_kw)
 
 
 class PreBackward(Function):
