@@ -48,7 +48,7 @@ def build_parser():
     p.add_argument("--dir", metavar="PATH", help="where the checkpoints go (kept); default a temporary folder")
     p.add_argument("--resume", metavar="CKPT", help="skip the first part: resume from this checkpoint (or folder)")
     p.add_argument("--no-kill", dest="kill", action="store_false", help="do not demonstrate the killed save")
-    p.add_argument("--offload", choices=["none", "disk"], default="none",
+    p.add_argument("--offload", choices=["none", "disk", "host"], default="none",
                    help="disk: the ZeRO layouts keep AdamW's state (stage 3: the shards too) in files "
                         "(ZeRO-Infinity's NVMe tier); prints resident memory with and without")
     return p
@@ -71,6 +71,10 @@ def check_input(args, cfg, world):
     for flag, name in (("--save-layout", args.save_layout), ("--resume-layout", args.resume_layout)):
         why = runs.problem(name, world, cfg)
         harness.need(why is None, f"{flag} {name}: {why}")
+    if args.offload == "host":
+        from minidist.backend import xp
+        from minidist.parallel.offload import HOST_IS_DEVICE
+        harness.need(xp.__name__ != "numpy", "--offload host: " + HOST_IS_DEVICE.split(": ", 1)[1])
     harness.need(args.offload == "none" or any(n.startswith("zero") for n in (args.save_layout, args.resume_layout)),
                  "--offload disk moves ZeRO's partitions: give --save-layout or --resume-layout zero1, zero2 or zero3")
     if not any(n in ("tp", "pp", "tp2pp2") for n in (args.save_layout, args.resume_layout)):
@@ -95,15 +99,17 @@ def offload_report(comm, args, cfg, data, root):
         gc.collect()
         before = rss_bytes()
         run = runs.build(name, comm, cfg, args.seed, args.lr, **kw)
+        t0 = time.perf_counter()
         runs.train(run, data, args.batch_size, 0, 1, args.lr, args.grad_clip, args.seed)
+        seconds = common.mpi_reduce(comm, time.perf_counter() - t0)
         grew = common.mpi_reduce(comm, float(rss_bytes() - before))
         moved = run.zero.offload_bytes()
         held = sum(a.nbytes for s in run.zero.inner.state.values() for a in s.values() if hasattr(a, "nbytes"))
         shards = sum(g.shard.nbytes for g in run.zero.groups) if run.zero.stage == 3 else 0
-        out[kind] = (grew, moved, held + shards, shards)
+        out[kind] = (grew, moved, held + shards, shards, seconds)
         run.zero.close()
         del run
-    (grew1, moved, state, shards), grew0 = out["disk"], out["none"][0]
+    (grew1, moved, state, shards, t1), (grew0, t0) = out["disk"], (out["none"][0], out["none"][4])
     steps = max(1, moved["steps"])
     say(f"\noffload to disk ({name}): AdamW's m and v of each rank's partition"
         + (" and its shards" if name == "zero3" else "") + " live in files, stepped in chunks")
@@ -113,7 +119,10 @@ def offload_report(comm, args, cfg, data, root):
     say(f"  per step and rank: read {fmt_bytes(moved['bytes_read'] / steps)}, written "
         f"{fmt_bytes((moved['bytes_written'] - shards) / steps)}"
         + (f" (+ the shards, {fmt_bytes(shards)}, once at the start)" if shards else ""))
-    return {"rss_added_in_memory": grew0, "rss_added_offloaded": grew1, "state_bytes": state, **moved}
+    say(f"  the step's time, slowest rank: {t0 * 1e3:.1f} ms in memory, {t1 * 1e3:.1f} ms offloaded "
+        f"(one step each: compare, do not quote)")
+    return {"rss_added_in_memory": grew0, "rss_added_offloaded": grew1, "state_bytes": state,
+            "step_s_in_memory": t0, "step_s_offloaded": t1, **moved}
 
 
 def run_meta(args, step):
