@@ -37,7 +37,9 @@ resolve and verify ignore and the next save removes); a kill after it leaves the
 An error on any rank at any stage becomes the same CheckpointError on every rank (one
 small Allreduce, then the failing rank's message broadcast), and nothing is published.
 The environment variable MINIDIST_CKPT_KILL_AT=after-data|after-index|after-rename|
-after-latest makes save kill its own process there (SIGKILL), for the tests.
+after-latest makes save kill its own process there (SIGKILL), for the tests;
+MINIDIST_CKPT_KILL_RANK=r makes only rank r of a job die (after-data is on every rank,
+the later stages on rank 0).
 
 Coverage is counted with one uint8 per element of each global tensor, on rank 0 only:
 simple, and at this course's model sizes a few MB. Reading checks each file's size and
@@ -66,9 +68,11 @@ def step_dir(step):
     return f"step{step:08d}"
 
 
-def _kill_point(stage):
-    """The tests' hook: die here, as a machine losing power or a job killed by the scheduler would."""
-    if os.environ.get("MINIDIST_CKPT_KILL_AT") == stage:
+def _kill_point(stage, rank=0):
+    """The tests' hook: die here, as a machine losing power or a job killed by the scheduler would.
+    MINIDIST_CKPT_KILL_RANK=r limits it to rank r of the job (default: whichever rank gets here)."""
+    if os.environ.get("MINIDIST_CKPT_KILL_AT") == stage and \
+            os.environ.get("MINIDIST_CKPT_KILL_RANK", str(rank)) == str(rank):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -325,7 +329,7 @@ def save(comm, root, step, pieces, meta, keep=None):
     folder = os.path.join(root, tmp)
     try:
         fragment, error = _attempt(_write_rank, folder, rank, pieces)
-        _kill_point("after-data")
+        _kill_point("after-data", rank)
         _agree(comm, error)
         fragments = _gather_fragments(comm, fragment)
         path, error = _attempt(_publish, root, tmp, int(step), meta, fragments, keep) if rank == 0 else (None, None)
