@@ -57,8 +57,7 @@ def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
     (["--compressor", "1bit", "--warmup-steps", "8"], "is not shorter than training"),
     (["--compressor", "powersgd", "--rank", "99"], "larger than the largest matrix allows"),
     (["--compressor", "gzip"], "invalid choice"),
-    (["--precision", "fp8"], "invalid choice"),
-], ids=["warmup-too-long", "rank-too-large", "unknown-compressor", "unknown-precision"])
+], ids=["warmup-too-long", "rank-too-large", "unknown-compressor"])
 def test_bad_input_gets_one_message_and_exit_2(flags, words):
     proc = mpirun(2, [*TINY, "--batch-size", "4", *flags], timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -27,7 +27,7 @@ DEMO = [
                                  "--n-layer", "4"]),
     ("05_zero", 2, ["--stage", "all", *SMALL]),
     ("06_fsdp", 2, SMALL),
-    ("07_3d_parallel", 8, ["--tp", "2", "--pp", "2", "--dp", "2", *SMALL[:-2], "--steps", "1", "--n-layer", "4"]),
+    ("07_3d_parallel", 4, ["--tp", "2", "--pp", "2", "--dp", "1", *SMALL[:-2], "--steps", "1", "--n-layer", "4"]),
     ("08_activation_recompute", 2, ["--tp", "2", *SMALL, "--sweep", "4,9"]),
     ("09_moe", 4, [*SMALL[:-4], "--batch-size", "12", "--steps", "2"]),
     ("11_checkpoints", 4, []),

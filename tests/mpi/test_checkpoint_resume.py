@@ -27,7 +27,13 @@ from minidist.train import micro_batches, train_step
 
 pytestmark = pytest.mark.mpi
 UP_TO_RANKS = 4
-WHY = "the layouts' pieces are those of 3 and 4 ranks (uneven partitions at 3); 8 adds no case"
+WHY = "the layouts' pieces are those of 1-3 ranks (uneven partitions at 3); TP 2 x PP 2 needs 4; 8 adds no case"
+
+
+def below_4():
+    """At 4 ranks only the TP 2 x PP 2 cases run: the others showed all they check at 1-3."""
+    if COMM.Get_size() > 3:
+        pytest.skip("runs at 1-3 ranks; 4 ranks add no case (TP 2 x PP 2 runs there)")
 
 COMM = MPI.COMM_WORLD
 CFG = GPTConfig(block_size=9, vocab_size=256, n_layer=1, n_head=2, n_embd=10, dtype="float64")
@@ -90,6 +96,7 @@ def global_weights(path):
 
 @pytest.mark.parametrize("kind", ["dp", "zero1", "zero2", "zero3"])
 def test_resume_is_bit_for_bit(folder, kind):
+    below_4()
     model, opt, dp, zero = build(kind, COMM)
     straight = train(model, opt, dp, COMM, 0, 6)
     layouts.save(COMM, os.path.join(folder, "straight"), 6, model, opt, zero)
@@ -113,6 +120,7 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("target", ["single", "dp", "zero1", "fsdp-fewer"])
 def test_a_zero3_checkpoint_loads_under_another_layout(folder, target):
+    below_4()
     reference = train(*build("dp", MPI.COMM_SELF)[:3], MPI.COMM_SELF, 0, 6)   # one process, 6 steps
     model, opt, dp, zero = build("zero3", COMM)
     train(model, opt, dp, COMM, 0, 3)
@@ -145,6 +153,7 @@ def test_a_zero3_checkpoint_loads_under_another_layout(folder, target):
 
 
 def test_a_checkpoint_of_another_model_is_refused_on_every_rank(folder):
+    below_4()
     model, opt, dp, zero = build("dp", COMM)
     train(model, opt, dp, COMM, 0, 1)
     layouts.save(COMM, folder, 1, model, opt, zero)
@@ -192,6 +201,7 @@ def _sub(n):
 def test_resume_is_bit_for_bit_under_a_pipeline(folder):
     """A pipeline of N stages (every rank one stage; the tied embedding on the first and
     the last): 6 steps equal 3, a save, a load into other weights and 3 more."""
+    below_4()
     from minidist.lessons import layout_runs
     cfg = GPTConfig(block_size=9, vocab_size=256, n_layer=COMM.Get_size(), n_head=2, n_embd=10, dtype="float64")
     runs = []
@@ -272,6 +282,7 @@ def test_tp_pp_checkpoint_loads_into_one_process_and_zero3_into_tp_pp(folder):
 def test_resume_keeps_the_loss_scale_the_residuals_and_the_curriculum(folder):
     """fp16 with fp32 masters and a loss scale that moves, 1-bit compression with error
     feedback, a sequence-length curriculum: all three are state a resumed run needs."""
+    below_4()
     from minidist.curriculum import Curriculum
     from minidist.parallel.compression import CompressedDataParallel
     from minidist.precision import GradScaler, MixedPrecision, autocast
@@ -331,6 +342,7 @@ def test_resume_keeps_the_loss_scale_the_residuals_and_the_curriculum(folder):
 def test_expert_parallel_resume_and_load_into_one_process(folder):
     """Experts [lo, hi) of E on each rank are boxes of the stacked expert tensors: resume
     bit for bit under expert parallelism, and the whole experts load into one process."""
+    below_4()
     import dataclasses
     from minidist.parallel.expert_parallel import expert_parallel
     n = COMM.Get_size()
