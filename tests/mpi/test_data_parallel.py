@@ -29,8 +29,9 @@ from minidist.parallel.data_parallel import (BucketedDataParallel, NaiveDataPara
 from minidist.train import TrainConfig
 
 pytestmark = pytest.mark.mpi
-UP_TO_RANKS = 4
-WHY = "every rank does the same as the others, and the ring itself runs at 8 in test_collectives.py"
+UP_TO_RANKS = 3
+WHY = ("every rank does the same as the others: 1-3 ranks (uneven chunks at 3) show every case; the ring "
+       "itself runs at 4 and 8 in test_collectives.py, and lesson 02 at 4 in tests/test_lessons.py")
 
 COMM = MPI.COMM_WORLD
 BATCH = 48  # divides by every world size tested (1, 2, 3, 4, 8) times 2 accumulation steps
