@@ -16,24 +16,31 @@ Three pieces, each in one place here:
      accumulation) and the optimizer side decides how they are stored.
    - fp32: everything else: softmax (inside attention too), layer norm and its
      statistics, GELU, dropout, the residual additions, the cross-entropy loss.
+   Where this rule is this project's choice: PyTorch's autocast runs GELU in its input's
+   dtype and Megatron's bf16 keeps the residual stream in bf16 (unless
+   --fp32-residual-connection); inside the attention node the probabilities stay fp32
+   into P V, where FlashAttention rounds P to 16 bits first. Weight gradients in fp32
+   from the GEMM are Megatron's (gradient accumulation fusion into main_grad); under
+   torch.autocast they leave the GEMM in 16 bits.
    NumPy has no 16-bit matrix multiply (and no bfloat16 at all: the small `ml_dtypes`
    package, which JAX uses, supplies it), so the engine multiplies float32 arrays that
-   hold 16-bit values. The VALUES are exactly the ones a GPU computes with; the float32
-   containers are this project's emulation, and they are why time is not saved here.
+   hold 16-bit values: the matmuls' inputs and outputs are the values a GPU's would be;
+   the float32 containers are this project's emulation, and why time is not saved here.
 
 2. MASTER WEIGHTS (`MixedPrecision`): the model's weights hold 16-bit values; the
    optimizer keeps an fp32 copy (the master) and fp32 AdamW state, applies the update to
    the master, and rounds it into the model's weights. Without the master, an update
-   smaller than half a 16-bit step (bf16 keeps 8 significant bits: 1 + 2^-8 rounds to 1)
-   would vanish. Bytes per parameter, two accountings (both measured by the lesson):
+   smaller than half a 16-bit step (bf16 keeps 8 significant bits: 1 + 2^-9 rounds to 1)
+   would vanish. Bytes per parameter, two accountings (the lesson measures the first two
+   rows from its arrays and prints the distributed optimizer's as a formula):
    - the ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, section 3.1): fp16
      weights 2 + fp16 gradients 2 + fp32 master, m, v 4 + 4 + 4 = 16 bytes (K = 12);
    - Megatron-LM with bf16 (its default keeps fp32 gradients, "main_grad"): 2 + 4 + 12
      = 18 bytes; with its distributed optimizer the 12 are sharded over d data-parallel
      ranks: 6 + 12/d (Megatron-LM's docs, distributed optimizer).
 
-3. LOSS SCALING (`GradScaler`, fp16 only): fp16 keeps 5 exponent bits, so gradients
-   below 2^-24 flush to zero. Multiply the loss by S before backward (every gradient is
+3. LOSS SCALING (`GradScaler`, fp16 only): fp16 keeps 5 exponent bits: below 2^-14 it
+   loses precision (subnormals) and at or below 2^-25 a gradient becomes zero. Multiply the loss by S before backward (every gradient is
    multiplied by S), divide the gradients by S before the step, and pick S dynamically as
    PyTorch's GradScaler does by default: start at 2^16; an inf or nan in any gradient
    halves S and SKIPS the step; 2000 good steps in a row double S. S is a power of two,
@@ -97,10 +104,23 @@ class Autocast:
         return tuple(self.round(o) for o in out) if isinstance(out, tuple) else self.round(out)
 
     def grads_out(self, grads, inputs):
-        """Backward: activation gradients rounded to 16 bits; a leaf's (a weight's) stays
-        fp32, as the GEMM's fp32 accumulator left it."""
-        return tuple(g if g is None or getattr(t, "_node", 0) is None else self.round(g)
-                     for g, t in zip(grads, inputs))
+        """Backward: activation gradients rounded to 16 bits; a weight's stays fp32, as the
+        GEMM's fp32 accumulator left it (Megatron accumulates it so, into main_grad)."""
+        return tuple(g if g is None or _is_weight(t) else self.round(g) for g, t in zip(grads, inputs))
+
+
+_VIEWS = ("Transpose", "Reshape", "SwapAxes")
+
+
+def _is_weight(t):
+    """A leaf (a Parameter), or a view of one taken on the way to the matmul: the tied
+    head multiplies by wte.weight.T, a Transpose node over the leaf."""
+    node = getattr(t, "_node", 0)
+    if node is None:
+        return True
+    if node == 0 or node.fn.__name__ not in _VIEWS:
+        return False
+    return all(_is_weight(x) for x in node.inputs if hasattr(x, "_node"))
 
 
 @contextlib.contextmanager
@@ -238,6 +258,8 @@ class GradScaler:
 
     comm: under ZeRO each rank sees only its partition of the gradients, so the ranks
     agree on found_inf (one small message); data parallelism's replicas agree anyway.
+    Under tensor or pipeline parallelism comm must hold every rank that holds gradients
+    (the model-parallel group too, as Megatron all-reduces found_inf over it).
     """
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,

@@ -14,7 +14,8 @@ from minidist.lessons.harness import REPORT_KEYS
 
 from launcher import mpirun_cmd, needs_mpirun, our_lines
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           MINIDIST_NO_WRAP="1")        # the lines as the lesson builds them: each must fit 100 columns
 LESSON = "minidist.lessons.10_precision_and_compression"
 TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--steps", "6",
         "--eval-interval", "3", "--eval-iters", "1"]
@@ -51,6 +52,8 @@ def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
     checks = report["figures"]["exact_checks"]
     assert len(checks) >= 3 and all(c["ok"] for c in checks), checks
     assert "verdict: MATCH" in proc.stdout and "FAIL" not in proc.stdout
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide
 
 
 @pytest.mark.parametrize("flags, words", [

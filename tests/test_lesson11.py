@@ -12,7 +12,8 @@ from minidist.lessons.harness import REPORT_KEYS
 
 from launcher import mpirun_cmd, needs_mpirun, our_lines
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           MINIDIST_NO_WRAP="1")        # the lines as the lesson builds them: each must fit 100 columns
 LESSON = "minidist.lessons.11_checkpoints"
 pytestmark = needs_mpirun
 
@@ -36,6 +37,8 @@ def test_lesson_11_resumes_under_another_layout(tmp_path, n, flags):
     if "--no-kill" not in flags:
         assert report["figures"]["killed_save_left_latest_intact"] is True
         assert "latest still names step00000003; verify: ok" in proc.stdout
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100 and "/" not in line]   # (paths vary)
+    assert not wide, wide
     kept = sorted(f for f in os.listdir(tmp_path / "ckpt") if f.startswith("step"))
     assert kept == ["step00000003", "step00000006"]                       # --keep 2
 

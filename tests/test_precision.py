@@ -214,3 +214,18 @@ def test_curriculum_counts_tokens_and_the_plain_run_matches_steps():
     assert plain.step == 10 and cur.step > 10 and cur.tokens >= plain.tokens
     lrs = [lr_at_tokens(t, 1000, 1.0, 0.1, 100) for t in range(0, 1200, 50)]
     assert max(lrs) <= 1.0 and lrs[-1] == 0.1 and lrs[2] > lrs[1]
+
+
+def test_the_tied_heads_weight_gradient_stays_fp32():
+    """x @ wte.T: the weight reaches the matmul through a Transpose node; its gradient is a
+    weight's (fp32 from the GEMM), not an activation's (16 bits)."""
+    rng = np.random.default_rng(4)
+    x0, w0 = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal((7, 6)).astype(np.float32)
+    g0 = rng.standard_normal((5, 7)).astype(np.float32)
+    x = Tensor(x0, requires_grad=True)
+    w = Tensor(w0, requires_grad=True)
+    with autocast("bf16"):
+        y = x @ w.T
+    y.backward(g0)
+    want = (r16(x0).T @ r16(g0)).T                   # fp32 from the GEMM, not rounded
+    assert np.array_equal(w.grad, want) and not np.array_equal(w.grad, r16(w.grad))

@@ -18,11 +18,17 @@ tensor read in C order (a ZeRO partition). What a rank writes under each layout:
     ZeRO 1, 2, 3 and FSDP           its partition: a flat range of each parameter it
                                     overlaps, for the weights and for m and v alike
 
+    tensor parallelism              its shard: one box per block of the cut axis (c_attn's
+                                    q | k | v are three), the vocabulary's padding left out
+    a pipeline stage, TP x PP       the parameters of its layers (the tied wte, held by the
+                                    first and the last stage, written once), as above
+    expert parallelism              experts [lo, hi) of E: a box of the stacked tensors
+
 Loading is the same for every layout: a rank asks the checkpoint for exactly the regions
-its new layout holds (a whole tensor, or a flat range), whatever layout wrote them; the
-store assembles each region from the pieces that overlap it. So a checkpoint saved by
-ZeRO-3 on 4 ranks loads into one process, into data parallelism on 3, or into FSDP on 3.
-(Tensor and pipeline parallelism are not mapped yet: see the issue's note.)
+its new layout holds (a box, or a flat range), whatever layout wrote them; the store
+assembles each region from the pieces that overlap it. So a checkpoint saved by ZeRO-3
+on 4 ranks loads into one process, data parallelism on 3, FSDP on 3 or TP 2 x PP 2.
+(Not mapped: ZeRO-1 inside 3D, whose partitions are flat ranges of TP shards.)
 """
 import numpy as np
 
@@ -107,6 +113,8 @@ def held_pieces(model, opt, zero=None):
     for name, p in model.named_parameters():
         full_shape = tp.full_shapes[name] if tp is not None else tuple(p.shape)
         spec = tp.specs.get(name) if tp is not None else None
+        if masters is not None:
+            p = masters[id(p)]
         if name in experts:                      # experts [lo, hi) of E: one box along the first axis
             lo, hi, E = experts[name]
             full_shape = (E,) + tuple(p.shape[1:])
@@ -118,8 +126,6 @@ def held_pieces(model, opt, zero=None):
                 out.append(Held(f"optim.exp_avg.{name}", full_shape, box, s["exp_avg"]))
                 out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, box, s["exp_avg_sq"]))
             continue
-        if masters is not None:
-            p = masters[id(p)]
         s = _states_of(opt).get(id(p)) if opt is not None else None
         states.append(s)
         regions = _lookup("tp_regions")(full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1))
@@ -291,11 +297,18 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
 
 # ----------------------------------------------------------------------------- save and load a run
 
-def layout_of(comm, zero=None):
+def layout_of(comm, zero=None, model=None):
     """The layout's description, kept in the index (`show` prints it)."""
-    if zero is None:
-        return {"kind": "data_parallel" if comm.Get_size() > 1 else "single", "ranks": comm.Get_size()}
-    return {"kind": f"zero{zero.stage}", "ranks": comm.Get_size()}
+    n = comm.Get_size()
+    if zero is not None:
+        return {"kind": f"zero{zero.stage}", "ranks": n}
+    tp = _tensor_parallel_of(model) if model is not None else None
+    pp = getattr(model, "p", None) if model is not None and hasattr(model, "stages") else None
+    parts = ([f"tp{tp.tp}"] if tp is not None else []) + ([f"pp{pp}"] if pp else [])
+    if model is not None and expert_slices(model):
+        parts.append("ep")
+    kind = " x ".join(parts) or ("data_parallel" if n > 1 else "single")
+    return {"kind": kind, "ranks": n}
 
 
 def state_pieces(comm, state):
@@ -350,7 +363,7 @@ def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, st
     from minidist.checkpoint import store
     pieces, opt_step = pieces_of(model, opt, comm, zero)
     pieces += state_pieces(comm, state)
-    meta = dict(meta or {}, train_step=int(train_step), optimizer_step=opt_step, layout=layout_of(comm, zero))
+    meta = dict(meta or {}, train_step=int(train_step), optimizer_step=opt_step, layout=layout_of(comm, zero, model))
     return store.save(comm, root, int(train_step), pieces, meta, keep=keep)
 
 

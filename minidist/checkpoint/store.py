@@ -299,8 +299,8 @@ def _publish(root, tmp, step, meta, fragments, keep):
     if keep is not None:
         steps = sorted((int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name)))
         old = [name for _, name in steps if name != final][:max(0, len(steps) - max(keep, 1))]
-        for name in old:                                  # oldest first
-            shutil.rmtree(os.path.join(root, name))
+        for name in old:                                  # oldest first; the new one is published
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)   # already: never fail it now
     return os.path.join(root, final)
 
 

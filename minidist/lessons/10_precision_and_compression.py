@@ -169,6 +169,10 @@ def main(args):
                           "step_time_s": r["step_time_s"], "curve": r["curve"],
                           "skipped_steps": r["scaler"].skipped if r["scaler"] else 0})
     say("\nafter the same tokens:")
+    if args.zero:
+        say(f"  under --zero {args.zero} every variant, fp32 included, runs ZeRO-{args.zero}: \"fp32's all-reduce\" below\n"
+            f"  is the fp32 run's reduce-scatter and all-gather; the 16-bit variants keep fp32 weights\n"
+            f"  (autocast rounds them at each use), so there are no master rows and no master checks")
     say("  bytes/step: what this rank sent in the last step, measured, beside the formula")
     say("  per step, whole run: those bytes over fp32's all-reduce, in one step and over the run\n"
         "  (a warm-up's uncompressed steps and the curriculum's extra steps included)")

@@ -147,12 +147,14 @@ def describe_save(path, comm):
                                   ("step", "optim.step")) if any(n.startswith(pre) for n in names)]
         lines.append(f"    {fname}  {fmt_bytes(index['files'][fname]['size']):>11}  {len(names):3d} pieces  "
                      f"({', '.join(kinds) or 'nothing'})")
+    from minidist.checkpoint.format import read_header
     tensors = index["tensors"]
-    data = sum(int(np.prod(t["shape"], dtype=np.int64)) * np.dtype(t["dtype"]).itemsize for t in tensors.values())
+    headers = [read_header(os.path.join(path, fname)) for fname in sorted(index["files"])]
+    data = sum(h.file_size - h.data_start for h in headers)      # measured: the files' data sections
     psi = sum(int(np.prod(t["shape"], dtype=np.int64)) for n, t in tensors.items() if n.startswith("model."))
     item = np.dtype(tensors[next(n for n in tensors if n.startswith("model."))]["dtype"]).itemsize
     files = sum(f["size"] for f in index["files"].values())
-    lines.append(f"  all files {fmt_bytes(files)}, of which tensors {data:,} B measured; by formula, weights, m\n"
+    lines.append(f"  all files {fmt_bytes(files)}, of which data {data:,} B (after each header); by formula, weights, m\n"
                  f"  and v, 3 x {psi:,} parameters x {item} B, + 8 B (the step) = {3 * psi * item + 8:,} B")
     return lines
 
