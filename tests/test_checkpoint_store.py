@@ -346,3 +346,15 @@ def test_pytorch_reads_an_export(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     want = x @ params["transformer.h.0.mlp.c_fc.weight"] + params["transformer.h.0.mlp.c_fc.bias"]
     assert np.allclose(linear(torch.from_numpy(x)).detach().numpy(), want, atol=1e-5)
+
+
+def test_a_tensor_no_rank_wrote_is_refused_before_publishing(tmp_path):
+    """Coverage checks the tensors some rank wrote; `require` names the ones that must be
+    there, so a layout that lost a whole tensor cannot publish a checkpoint without it."""
+    a = np.arange(6.0).reshape(2, 3)
+    piece = {"name": "model.w", "global_shape": (2, 3), "dtype": a.dtype, "box": [[0, 2], [0, 3]], "array": a}
+    with pytest.raises(CheckpointError, match="no rank wrote tensor 'model.b'"):
+        store.save(None, str(tmp_path), 1, [piece], {}, require={"model.w", "model.b"})
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("step")]
+    store.save(None, str(tmp_path), 1, [piece], {}, require={"model.w"})
+    assert store.verify(str(tmp_path)) == []

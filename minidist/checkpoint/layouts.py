@@ -361,10 +361,14 @@ def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, st
     schedule's position (batches, the schedule and dropout masks are functions of it).
     state: the run's other state, {"shared": {...}, "per_rank": {...}} (state_pieces)."""
     from minidist.checkpoint import store
+    import json
     pieces, opt_step = pieces_of(model, opt, comm, zero)
     pieces += state_pieces(comm, state)
+    # every tensor some rank's model has must be in the checkpoint (one all-gather of names)
+    mine = sorted(expected_tensors(model, zero, with_optimizer=opt_step > 0))
+    require = set().union(*(json.loads(t) for t in _allgather_bytes(comm, json.dumps(mine).encode())))
     meta = dict(meta or {}, train_step=int(train_step), optimizer_step=opt_step, layout=layout_of(comm, zero, model))
-    return store.save(comm, root, int(train_step), pieces, meta, keep=keep)
+    return store.save(comm, root, int(train_step), pieces, meta, keep=keep, require=require)
 
 
 def load(comm, path, model, opt, zero=None):

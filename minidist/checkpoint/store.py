@@ -268,10 +268,14 @@ def _build_index(step, meta, fragments):
     return index
 
 
-def _publish(root, tmp, step, meta, fragments, keep):
+def _publish(root, tmp, step, meta, fragments, keep, require=None):
     """Rank 0: index, rename, latest, cleanup; stages 3-6 of the docstring."""
     folder = os.path.join(root, tmp)
     index = _build_index(step, meta, fragments)
+    missing = sorted(set(require or ()) - set(index["tensors"]))
+    if missing:                       # coverage sees only the tensors some rank wrote
+        raise CheckpointError(f"no rank wrote tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if
+                              len(missing) > 1 else "") + ": a layout lost it; nothing is published")
     try:
         text = json.dumps(index, indent=1)
     except (TypeError, ValueError) as e:
@@ -304,12 +308,14 @@ def _publish(root, tmp, step, meta, fragments, keep):
     return os.path.join(root, final)
 
 
-def save(comm, root, step, pieces, meta, keep=None):
+def save(comm, root, step, pieces, meta, keep=None, require=None):
     """Write this rank's `pieces` into a new checkpoint of `step` under `root`; on every rank.
 
     pieces: [{"name", "global_shape", "dtype", "box" or "flat", "array"}], this rank's share.
     meta: a JSON-able dict (layout, model config, data position, RNG states, ...); rank 0's
         is the one written (every rank passes its own; only rank 0 reads it).
+    require: names of tensors the checkpoint must hold (rank 0's; the caller's model's):
+        one that no rank wrote is an error, not a checkpoint that lacks it.
     keep: keep this many newest checkpoints (None: all). comm None: one process alone.
     Returns root/stepNNNNNNNN on every rank; raises the same CheckpointError on every rank.
     """
@@ -332,7 +338,8 @@ def save(comm, root, step, pieces, meta, keep=None):
         _kill_point("after-data", rank)
         _agree(comm, error)
         fragments = _gather_fragments(comm, fragment)
-        path, error = _attempt(_publish, root, tmp, int(step), meta, fragments, keep) if rank == 0 else (None, None)
+        path, error = (_attempt(_publish, root, tmp, int(step), meta, fragments, keep, require) if rank == 0
+                       else (None, None))
         _agree(comm, error)
     except CheckpointError:
         if rank == 0:
