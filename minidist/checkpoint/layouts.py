@@ -400,27 +400,17 @@ def load(comm, path, model, opt, zero=None):
 
 
 def agreed(comm, fn):
-    """fn() on every rank; a CheckpointError on any rank becomes the same error on all."""
+    """fn() on every rank; a CheckpointError on any rank becomes the same error on all
+    (store._agree: the lowest failing rank's words, broadcast)."""
+    from minidist.checkpoint import store
     from minidist.checkpoint.format import CheckpointError
     error, result = None, None
     try:
         result = fn()
     except CheckpointError as e:
         error = str(e)
-    rank, size = comm.Get_rank(), comm.Get_size()
-    first = np.array([rank if error is not None else size], np.int64)
-    low = np.empty_like(first)
-    comm.Allreduce(first, low, op=_op("MIN"))
-    who = int(low[0])
-    if who == size:
-        return result
-    text = np.frombuffer((error or "").encode(), np.uint8) if rank == who else None
-    n = np.array([0 if text is None else len(text)], np.int64)
-    comm.Bcast(n, root=who)
-    buf = text.copy() if rank == who else np.empty(int(n[0]), np.uint8)
-    comm.Bcast(buf, root=who)
-    message = buf.tobytes().decode()
-    raise CheckpointError(message if rank == who else f"{message} (found on rank {who})")
+    store._agree(comm, error)
+    return result
 
 
 def _lookup(name):

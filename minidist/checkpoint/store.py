@@ -106,14 +106,14 @@ def _agree(comm, error):
     size, rank = comm.Get_size(), comm.Get_rank()
     mine = np.array([rank if error is not None else size], np.int64)
     lowest = np.empty_like(mine)
-    with _waiting("checkpoint save: agree"):
+    with _waiting("checkpoint: the ranks agree on an error"):
         comm.Allreduce(mine, lowest, op=MPI.MIN)
     first = int(lowest[0])
     if first == size:
         return
     text = np.frombuffer((error or "").encode(), np.uint8) if rank == first else None
     length = np.array([0 if text is None else text.size], np.int64)
-    with _waiting("checkpoint save: the error's text"):
+    with _waiting("checkpoint: the error's text"):
         comm.Bcast(length, root=first)
         buf = text.copy() if rank == first else np.empty(int(length[0]), np.uint8)
         comm.Bcast(buf, root=first)
