@@ -9,33 +9,10 @@ not interrupted by accounting.
 """
 import numpy as np
 
-from minidist.comm import chunk_bounds
+from minidist.plan.collectives import ring_all_gather_sent, ring_all_reduce_sent, ring_reduce_scatter_sent  # noqa: F401
 from minidist.tensor import MEMORY
 
 # ----------------------------------------------------------------------------- bytes, by formula
-
-
-def ring_all_reduce_sent(n, size, rank):
-    """Elements rank sends in a ring all-reduce of n: every chunk but its own in the
-    reduce-scatter, every chunk but its right neighbour's in the all-gather."""
-    if size == 1:
-        return 0
-    b = chunk_bounds(n, size)
-    mine, right = b[rank + 1] - b[rank], b[(rank + 1) % size + 1] - b[(rank + 1) % size]
-    return (n - mine) + (n - right)
-
-
-def ring_reduce_scatter_sent(rows, row, size, rank):
-    """Elements sent to reduce-scatter `rows` rows of `row` elements: all but my chunk."""
-    b = chunk_bounds(rows, size)
-    return (rows - (b[rank + 1] - b[rank])) * row
-
-
-def ring_all_gather_sent(rows, row, size, rank):
-    """Elements sent to all-gather pieces of `rows` rows in all: all but my right neighbour's."""
-    b = chunk_bounds(rows, size)
-    nxt = (rank + 1) % size
-    return (rows - (b[nxt + 1] - b[nxt])) * row
 
 
 def expected_bytes(model, batch, T, micro_batches=1, clip=True, dp_comm=None, recomputed_layers=0, stage=None):

@@ -1,0 +1,13 @@
+"""The cost model: every formula a lesson prints, once, and the planner built on them.
+
+Layers of this package (each imports only those above it):
+  collectives  bytes each rank sends in a ring (exact, uneven chunks included) and the
+               alpha-beta time of each all-reduce algorithm
+  memory       model states by ZeRO stage and precision; activations per layer
+  flops        FLOPs per token and per step (PaLM; Narayanan et al.), model and hardware
+  pipeline     bubbles, micro-batches in flight, point-to-point volume
+  traffic      bytes per rank per step of every strategy (DP, TP/SP, PP, ZeRO/FSDP, MoE)
+  cluster      GPUs and links from their datasheets
+  cost         one layout on one cluster: memory, FLOPs, communication, step time, MFU
+  search       every legal layout, best first; `python -m minidist.plan`
+"""
