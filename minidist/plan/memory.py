@@ -1,0 +1,184 @@
+"""Memory per device: model states by ZeRO stage and precision, activations per layer.
+
+    python -m minidist.memory --params 7.5e9 --dp 64          (the calculator built on this)
+
+Model states (Rajbhandari et al. 2020, arXiv 1910.02054, section 3 and Figure 1;
+docs/reference.md#zero-memory-and-communication): w bytes of weights, g of gradients and
+K of optimizer state per parameter. Over N_d data-parallel ranks, Psi parameters:
+    stage 0 (plain data parallelism)   (w + g + K) Psi
+    stage 1 (optimizer state cut)      (w + g) Psi + K Psi/N_d
+    stage 2 (gradients too)            w Psi + (g + K) Psi/N_d
+    stage 3 (weights too)              (w + g + K) Psi/N_d
+The paper's example, 7.5B parameters on 64 devices, fp16 with Adam (2 + 2 + 12): 120,
+31.4, 16.6 and 1.9 GB. Megatron-LM trains bf16 with fp32 main gradients, 2 + 4 + 12 =
+18 B; its distributed optimizer is stage 1 of that: 6 + 12/d (Megatron-LM's
+docs/source/distrib_optimizer.md).
+
+Activations per layer: Korthikanti et al. 2022 (arXiv 2205.05198) as the paper counts
+them (16-bit values, 1-byte dropout masks), and this engine's own array-by-array count
+(engine_layer_saves), which the activation meter must equal exactly.
+"""
+
+# bytes per parameter of (weights, gradients, optimizer state)
+ACCOUNTING = {
+    "zero": (2, 2, 12),         # the ZeRO paper: fp16 weights and gradients; fp32 master, m, v
+    "megatron": (2, 4, 12),     # Megatron-LM: bf16 weights, fp32 main gradients; fp32 master, m, v
+    "fp32": (4, 4, 8),          # plain fp32 AdamW: weights, gradients, m, v
+}
+
+
+def model_state_bytes(psi, n_d, stage, accounting="zero"):
+    """{"weights", "grads", "optimizer"}: bytes per device of Psi parameters at ZeRO stage
+    0-3 over n_d data-parallel ranks (module docstring). accounting: a name of ACCOUNTING
+    or a tuple (weight, gradient, optimizer) of bytes per parameter."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    if isinstance(accounting, str):
+        if accounting not in ACCOUNTING:
+            raise ValueError(f"accounting must be one of {sorted(ACCOUNTING)} or a tuple, not {accounting!r}")
+        accounting = ACCOUNTING[accounting]
+    w, g, k = accounting
+    part = psi / n_d
+    return {"weights": w * (part if stage == 3 else psi),
+            "grads": g * (part if stage >= 2 else psi),
+            "optimizer": k * (part if stage >= 1 else psi)}
+
+
+def bytes_per_param(accounting, n_d=1, stage=0):
+    """Model-state bytes per parameter: sum of model_state_bytes of one parameter.
+    bytes_per_param("zero") = 16, ("megatron") = 18, ("fp32") = 16; Megatron's distributed
+    optimizer, bytes_per_param("megatron", d, 1) = 6 + 12/d."""
+    return sum(model_state_bytes(1, n_d, stage, accounting).values())
+
+
+def engine_state_bytes(stage, psi, n_d, itemsize, k_bytes=None):
+    """{"params", "grads", "optimizer"}: what this engine's ZeRO (parallel/zero.py) holds
+    after a step, by the paper's accounting in the run's dtype: weights and gradients of
+    `itemsize` bytes, AdamW's m and v (2 itemsize per parameter; k_bytes to override: 12
+    for mixed precision's fp32 master, m and v).
+
+    One difference, this implementation's choice: stage 1 keeps the whole local gradient
+    beside its reduced partition until the step, Psi + Psi/N_d (DeepSpeed's stage 1 does
+    too); the paper counts Psi. Psi/N_d is the paper's even cut; the engine's partitions
+    are numpy.array_split's, up to one element apart."""
+    k_bytes = 2 * itemsize if k_bytes is None else k_bytes
+    s = model_state_bytes(psi, n_d, stage, (itemsize, itemsize, k_bytes))
+    kept = itemsize * psi / n_d if stage == 1 else 0      # stage 1's reduced partition
+    return {"params": s["weights"], "grads": s["grads"] + kept, "optimizer": s["optimizer"]}
+
+
+# ----------------------------------------------------------------------------- activations, the paper
+
+
+def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):
+    """Korthikanti et al. 2022 (arXiv 2205.05198), activation bytes per layer per rank with
+    16-bit activations and 1-byte dropout masks: 34sbh + 5as^2b without tensor
+    parallelism (t = 1), 10sbh + 24sbh/t + 5as^2b/t with it, 34sbh/t + 5as^2b/t with
+    sequence parallelism too (their eq. 1, 2 and 4; docs/reference.md#activation-memory-per-layer)."""
+    sbh, as2b = s * b * h, a * s * s * b
+    if t == 1:
+        return 34 * sbh + 5 * as2b
+    if sequence_parallel:
+        return 34 * sbh / t + 5 * as2b / t
+    return 10 * sbh + 24 * sbh / t + 5 * as2b / t
+
+
+def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none"):
+    """Bytes of activations one layer keeps for backward, per tensor-parallel rank:
+    korthikanti_layer_bytes for "none"; "selective" recomputes the attention scores and
+    drops their 5as^2b/t; "full" keeps each layer's input, 2sbh (divided by t under
+    sequence parallelism) (Korthikanti et al. 2022, section 5 and Table 2)."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    full = korthikanti_layer_bytes(s, b, h, a, t, sequence_parallel)
+    if recompute == "selective":
+        return full - 5 * a * s * s * b / t
+    if recompute != "none":
+        raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
+    return full
+
+
+# ----------------------------------------------------------------------------- activations, this engine
+
+LN = "layer norms: normalised input (2 x b*s*h)"
+LN_STD = "layer norms: 1/std per token (2 x b*s)"
+COL_IN = "c_attn, c_fc: input (2 x b*s*h; under SP 2 x b*s*h/t, or whole if kept gathered)"
+QKV = "attention: q/sqrt(hs), k, v (3 x b*s*h/t)"
+PROBS = "attention: probabilities (a*s^2*b/t)"
+MASKS = "dropout masks after attention and MLP (2 x b*s*h)"
+ATT_MASK = "attention dropout mask (a*s^2*b/t)"
+
+
+def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
+    """[(part, what, elements)]: the arrays one transformer layer saves for backward on one
+    rank, in the order its forward saves them (fused.py, ops.py). part: "before", "core"
+    or "after" the attention core (what selective recomputation reruns); what: the
+    line of engine_layer_elements it counts in.
+
+    t = 1: one process. s_r: this rank's tokens under sequence parallelism (None: plain
+    tensor parallelism, the residual stream whole on every rank). regather, under SP:
+    c_attn and c_fc save only this rank's tokens and gather them again in backward
+    (Megatron's way, TensorParallelGPT's default); False counts the keep-gathered
+    variant (sp_keep_gathered), whose column layers save the whole gathered input.
+    Weights a node saves are parameters, not activations, and are not counted
+    (minidist/context.py).
+    """
+    res = s if s_r is None else s_r                     # tokens of the residual stream here
+    col = s_r if (s_r is not None and regather) else s  # tokens c_attn and c_fc keep
+    d = bool(dropout)
+    saves = [("before", LN, b * res * h), ("before", LN_STD, b * res),         # ln_1
+             ("before", COL_IN, b * col * h),                                    # c_attn
+             ("core", QKV, 3 * b * s * h // t), ("core", PROBS, a * s * s * b // t),
+             ("core", ATT_MASK, d * a * s * s * b // t),
+             ("after", "attn.c_proj: input (b*s*h/t)", b * s * h // t),
+             ("after", MASKS, d * b * res * h),                                  # resid_dropout
+             ("after", LN, b * res * h), ("after", LN_STD, b * res),             # ln_2
+             ("after", COL_IN, b * col * h),                                     # c_fc
+             ("after", "GELU: input (4 b*s*h/t)", 4 * b * s * h // t),
+             ("after", "mlp.c_proj: input (4 b*s*h/t)", 4 * b * s * h // t),
+             ("after", MASKS, d * b * res * h)]                                  # mlp dropout
+    return [x for x in saves if dropout or x[1] not in (MASKS, ATT_MASK)]
+
+
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
+    """Elements one transformer layer saves for backward on one rank, {what: elements},
+    engine_layer_saves added up line by line. With s_r = s/t and regather, every line is
+    1/t of one process's (t = 1): Korthikanti et al.'s identity, 34sbh/t + 5as^2b/t."""
+    out = {}
+    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout, regather):
+        out[what] = out.get(what, 0) + n
+    return out
+
+
+def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None, regather=True):
+    """The meter's peak over the forward and backward of n_layer blocks under a
+    recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
+
+    With A one layer's saves (engine_layer_saves) and x = b*s*h a block's input:
+    - none: L A, at the end of the forward;
+    - full / every-k (segments of k blocks): the forward keeps one input per segment;
+      rebuilding segment j in backward adds its blocks' A while the inputs of segments
+      0..j are still kept: max over j of (j + 1) x + (blocks of j) A. full (k = 1):
+      L x + A. About (L/k) x + k A, least at k = sqrt(L x / A); Chen et al. 2016's
+      k = sqrt(L) gives about sqrt(L) (x + A);
+    - selective: each layer keeps q, k, v in place of the core's arrays (q/sqrt(hs),
+      k, v, probabilities, mask); the last layer's rerun adds the core again beside its
+      checkpoint's q, k, v (the meter counts an array once per node that saves it).
+    """
+    from minidist.recompute import segments        # the same cut the policy makes
+    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout, regather)
+    A = sum(n for _, _, n in saves)
+    x = b * (s if s_r is None else s_r) * h
+    L = n_layer
+    if policy == "none":
+        return L * A
+    if policy in ("full", "every-k"):
+        segs = segments(L, 1 if policy == "full" else k)
+        return max(len(segs) * x, max((j + 1) * x + (hi - lo) * A for j, (lo, hi) in enumerate(segs)))
+    if policy == "selective":
+        core = sum(n for part, _, n in saves if part == "core")
+        before = sum(n for part, _, n in saves if part == "before")
+        qkv = 3 * b * s * h // t
+        kept = A - core + qkv
+        return max(L * kept, (L - 1) * kept + before + qkv + core)
+    raise ValueError(f"unknown recomputation policy {policy!r}")
