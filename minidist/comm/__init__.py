@@ -5,8 +5,10 @@
 Files, in reading order:
     stats.py        bytes and messages per collective, per process
     checks.py       the agreement check every collective makes first; agree()
-    collectives.py  ring reduce-scatter, ring all-gather, ring all-reduce; all_reduce(impl=)
-    basic.py        broadcast, reduce, naive and recursive-doubling all-reduce
+    collectives.py  ring reduce-scatter, ring all-gather, ring all-reduce; all_reduce(algorithm=)
+    basic.py        broadcast, reduce, the naive all-reduce
+    algorithms.py   recursive-doubling and Rabenseifner all-reduces (lg N steps: small messages)
+    tuning.py       algorithm="auto": the alpha-beta model's choice, calibrated on this machine
     p2p.py          send / recv for pipelines, all_to_all for experts
     nonblocking.py  ring_all_reduce_start: the ring in the background, for overlap
     grid.py         ProcessGrid: tp x pp x dp sub-communicators
@@ -16,7 +18,8 @@ This layer moves NumPy arrays; it never imports the autograd engine. Importing i
 job of several ranks starts the watchdog's thread (it wakes twice a second).
 """
 from minidist.comm import stats, watchdog
-from minidist.comm.basic import broadcast, naive_all_reduce, recursive_doubling_all_reduce, reduce
+from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
+from minidist.comm.basic import broadcast, naive_all_reduce, reduce
 from minidist.comm.checks import MismatchError, agree
 from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce, ring_all_gather,
                                        ring_all_reduce, ring_reduce_scatter)
@@ -28,6 +31,7 @@ watchdog.start()
 
 __all__ = ["stats", "agree", "MismatchError", "GridError", "ProcessGrid", "all_reduce",
            "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "naive_all_reduce",
-           "recursive_doubling_all_reduce", "mpi_all_reduce", "broadcast", "reduce",
+           "recursive_doubling_all_reduce", "rabenseifner_all_reduce", "mpi_all_reduce",
+           "broadcast", "reduce",
            "all_to_all", "all_to_all_v", "send", "recv", "ring_all_reduce_start", "RingAllReduce",
            "chunk_bounds"]

@@ -7,6 +7,7 @@
                             rank 2^k away and both add. lg N messages (few: good for tiny
                             arrays) but M bytes per round (many: bad for large ones).
                             MPICH's cost model (docs/reference.md): lg p (alpha + n beta + n gamma).
+                            It lives in algorithms.py, beside Rabenseifner's all-reduce.
 
 broadcast and reduce here are linear: the root talks to every other rank in turn. That
 is the textbook's first version; MPI's own use trees. Same conventions as the ring
@@ -18,8 +19,10 @@ from mpi4py import MPI
 from minidist.comm import stats
 from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
 from minidist.comm.watchdog import waiting
+# the log-step all-reduces; imported here too, where the lessons first found it
+from minidist.comm.algorithms import recursive_doubling_all_reduce  # noqa: F401
 
-TAG_BROADCAST, TAG_REDUCE, TAG_DOUBLING = 30011, 30012, 30013
+TAG_BROADCAST, TAG_REDUCE = 30011, 30012
 
 
 def broadcast(comm, x, root=0, check=True):
@@ -88,58 +91,3 @@ def naive_all_reduce(comm, x, op="sum", check=True):
         if total is None:
             total = np.empty_like(np.asarray(x, order="C"))    # a buffer for the broadcast
         return broadcast(comm, total, root=0, check=False).reshape(x.shape)
-
-
-def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
-    """All-reduce in lg N rounds of whole-array swaps, for any N.
-
-    With N not a power of two, say N = 6 = 4 + 2: the first 2*2 ranks pair up, the even
-    one of each pair hands its array to the odd one and sits out; the remaining 4 run the
-    doubling rounds; at the end the odd ones hand the result back (MPICH does the same).
-    Partners add the same two arrays, so every rank ends with identical bits.
-    """
-    x = np.asarray(x)
-    with stats.counting("all_reduce"), waiting("recursive_doubling_all_reduce"):
-        if check:
-            exchange(comm, x, "recursive_doubling_all_reduce", op=op)
-        else:
-            refuse(comm, x, "recursive_doubling_all_reduce", op=op)
-        size, rank = comm.Get_size(), comm.Get_rank()
-        combine = reduce_ufunc(op)
-        acc = np.array(x, copy=True, order="C").reshape(-1)
-        incoming = np.empty_like(acc)
-        p2 = 1 << (size.bit_length() - 1)                     # largest power of two <= N
-        extra = size - p2
-        # fold the extra ranks in: rank 2i hands its array to rank 2i+1 (i < extra)
-        if rank < 2 * extra and rank % 2 == 0:
-            _send(comm, acc, rank + 1)
-            _recv(comm, acc, rank + 1)                        # ...and later gets the answer
-            return finish_avg(acc, size).reshape(x.shape) if op == "avg" else acc.reshape(x.shape)
-        if rank < 2 * extra:
-            _recv(comm, incoming, rank - 1)
-            combine(incoming, acc, out=acc)                   # lower rank first, as everywhere
-        # my place among the p2 ranks still in the game, and back
-        vrank = rank // 2 if rank < 2 * extra else rank - extra
-        real = lambda v: 2 * v + 1 if v < extra else v + extra
-        distance = 1
-        while distance < p2:
-            partner = real(vrank ^ distance)
-            # swap whole arrays with the partner, then both add the same two arrays
-            comm.Sendrecv(wire(acc), partner, TAG_DOUBLING, wire(incoming), partner, TAG_DOUBLING)
-            stats.add(sent=acc.nbytes, recv=incoming.nbytes, messages=1)
-            lo, hi = (incoming, acc) if partner < rank else (acc, incoming)
-            combine(lo, hi, out=acc)
-            distance *= 2
-        if rank < 2 * extra:
-            _send(comm, acc, rank - 1)                        # give the folded rank its answer
-        return finish_avg(acc, size).reshape(x.shape) if op == "avg" else acc.reshape(x.shape)
-
-
-def _send(comm, buf, dest):
-    comm.Send(wire(buf), dest, TAG_DOUBLING)
-    stats.add(sent=buf.nbytes, messages=1)
-
-
-def _recv(comm, buf, source):
-    comm.Recv(wire(buf), source, TAG_DOUBLING)
-    stats.add(recv=buf.nbytes)
