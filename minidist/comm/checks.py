@@ -32,7 +32,8 @@ OPS = ("sum", "avg", "max")
 # the collectives, by the name their check uses; the descriptor carries a number for it
 KINDS = ("ring_all_reduce", "naive_all_reduce", "recursive_doubling_all_reduce",
          "rabenseifner_all_reduce", "mpi_all_reduce", "ring_all_reduce_start",
-         "ring_reduce_scatter", "ring_all_gather", "broadcast", "reduce", "all_to_all", "all_to_all_v", "send")
+         "ring_reduce_scatter", "ring_all_gather", "broadcast", "reduce", "all_to_all",
+         "all_to_all_v", "send")
 
 
 def is_bfloat16(dtype):
