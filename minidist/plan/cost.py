@@ -1,0 +1,349 @@
+"""One layout of one model on one cluster: memory per GPU, FLOPs, communication, step time.
+
+    python -m minidist.plan --params 70e9 --gpus 1024 --gpu h100-sxm --tp 8 --pp 8 --explain
+
+Every formula comes from the modules above this one (plan.flops, plan.memory,
+plan.pipeline, plan.traffic, plan.collectives); this module adds only how the parts
+add up to a step, which is this project's model of a Megatron-style run:
+
+  step = compute + exposed TP + bubble + exposed PP + exposed DP + optimizer step
+  compute  m micro-batches on the busiest stage: its matrix products' hardware FLOPs at
+           peak x matmul_efficiency (cluster.py), plus its elementwise kernels (layer
+           norms, softmax, dropout, GELU, residual adds), which are bound by HBM: each
+           pass over a layer reads and writes about what the layer saves for backward
+           (Korthikanti et al.'s count, plan.memory), so 2 x those bytes / HBM bandwidth
+           per forward, twice that per backward, once more for a recomputed forward.
+           This elementwise term is this project's own estimate; it is what makes small
+           hidden sizes slower per FLOP with one efficiency constant.
+  TP       per layer and micro-batch, 4 all-reduces of b s h (6 with full recomputation;
+           under sequence parallelism 4 all-gathers + 4 reduce-scatters + the 2
+           all-gathers Megatron repeats in backward), ring alpha-beta times on NVLink
+           when t fits in a node; exposed (Megatron does not overlap them in these runs)
+  bubble   (p-1)/v of one micro-batch's time on a mean stage (fill and drain cross every
+           stage): the 1F1B and interleaved bubbles of plan.pipeline (Narayanan et al.
+           2021, section 2.2)
+  PP       2 (v m + p - 1) point-to-point transfers of b s h on the critical path; across
+           nodes each of the t ranks sends 1/t (Narayanan et al.'s scatter/gather, 4.1)
+  DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather) over the
+           group's link; under 1F1B it overlaps only the last micro-batch's backward, the
+           rest is exposed; ZeRO's parameter all-gather after the step is exposed.
+  optimizer Adam over this GPU's share of the state, bound by HBM: it reads the K bytes
+           of state and the g of gradient and writes the state and the w of weights,
+           (2K + g + w) bytes per parameter (this project's count).
+Not modelled: data loading, the embedding's and the loss's small collectives,
+stragglers, failures.
+
+Memory (the most loaded GPU): model states by ZeRO stage and precision (plan.memory) of
+the stage's parameters; activations of the micro-batches in flight (first stage:
+plan.pipeline.in_flight), the embedding on the first stage, the head and its logits on
+the last. Rank order is Megatron's: tp innermost, then dp, then pp.
+"""
+from dataclasses import dataclass, field
+
+from minidist.plan import flops as F
+from minidist.plan.collectives import ring_all_reduce_time, ring_half_time
+from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, korthikanti_layer_bytes, model_state_bytes
+from minidist.plan.pipeline import bubble_fraction, in_flight, p2p_bytes
+
+ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
+LOGIT_BYTES = 6            # a logit in 16 bits plus its fp32 copy for the loss (this project's count)
+USABLE_MEMORY = 0.9        # fits: at most 90% of HBM (CUDA context, NCCL buffers, fragmentation)
+RECOMPUTE = F.RECOMPUTE
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder-only transformer. global_batch in sequences. Defaults are GPT's: a 4h GELU
+    MLP with biases, as many key/value heads as heads, learned positions, a tied head;
+    swiglu=True is Llama's: three MLP matrices, no biases, RMSNorm, RoPE, an untied head."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    global_batch: int
+    ffn_hidden: int = None
+    kv_heads: int = None
+    swiglu: bool = False
+
+    @property
+    def ffn(self):
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def kv(self):
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    def layer_params(self):
+        """Parameters of one layer: Q, K, V, output and the MLP's matrices, plus (GPT) their
+        biases and two layer norms, 13h for GPT's shapes, or (Llama) two RMSNorm weights."""
+        h, f = self.hidden, self.ffn
+        h_kv = self.kv * (h // self.heads)
+        matrices = h * (2 * h + 2 * h_kv) + (3 if self.swiglu else 2) * h * f
+        small = 2 * h if self.swiglu else (h + 2 * h_kv) + h + f + h + 4 * h
+        return matrices + small
+
+    def params(self):
+        """All parameters. GPT: L(12h^2 + 13h) + Vh + sh + 2h, Narayanan et al.'s
+        12lh^2(1 + 13/12h + (V+s)/12lh) plus the final layer norm; Llama: an untied head Vh
+        in place of the position table."""
+        h, V = self.hidden, self.vocab
+        ends = 2 * V * h + h if self.swiglu else V * h + self.seq * h + 2 * h
+        return self.layers * self.layer_params() + ends
+
+
+def model_from_params(psi, seq=4096, global_batch=1024, vocab=51200):
+    """A GPT shape of about psi parameters, this project's shape family: heads of 128, the
+    hidden size h the multiple of 1024 nearest (100 psi / 12)^(1/3) (GPT-3's 175B has
+    h/L = 128, Llama 2's 70B about 100), then the layers, a multiple of 8, that bring
+    12 L h^2 nearest psi. model_from_params(70e9) is h 8192, 64 heads, 88 layers (71.5B)."""
+    h = max(1024, 1024 * round((100 * psi / 12) ** (1 / 3) / 1024))
+    per_layer = Model(1, h, h // 128, vocab, seq, global_batch).layer_params()
+    rest = vocab * h + seq * h
+    layers = max(8, 8 * round((psi - rest) / per_layer / 8))
+    return Model(layers, h, h // 128, vocab, seq, global_batch)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    chunks: int = 1                   # interleaved 1F1B with v chunks per rank; 1: plain 1F1B
+    zero: int = 0                     # ZeRO stage over the dp group (1: Megatron's distributed optimizer)
+    sequence_parallel: bool = False
+    recompute: str = "none"           # none, selective, full
+    precision: str = "megatron"       # a name of plan.memory.ACCOUNTING
+    flash_attention: bool = False     # no s x s scores in memory (Dao et al. 2022)
+
+
+def stage_layers(L, p):
+    """Layers per pipeline stage: L/p each; or, Llama 3's layout (Dubey et al. 2024,
+    section 3.3.2), one fewer on the first and last stage when p divides L + 2; else None."""
+    if L % p == 0:
+        return [L // p] * p
+    if p > 2 and (L + 2) % p == 0:
+        k = (L + 2) // p
+        return [k - 1] + [k] * (p - 2) + [k - 1]
+    return None
+
+
+def legal(model, cluster, layout):
+    """None when the layout can run this model on this cluster, else a one-line reason."""
+    t, p, d, b, v = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.chunks
+    if min(t, p, d, b, v) < 1:
+        return "tp, pp, dp, micro-batch and chunks must be at least 1"
+    if t * p * d != cluster.gpus:
+        return f"tp x pp x dp = {t} x {p} x {d} = {t * p * d}, not the {cluster.gpus} GPUs"
+    if model.heads % t or model.kv % t:
+        return f"tp {t} does not divide the {model.heads} heads ({model.kv} key/value heads)"
+    layers = stage_layers(model.layers, p)
+    if layers is None:
+        return f"pp {p} does not divide the {model.layers} layers (nor {model.layers} + 2)"
+    if model.global_batch % (d * b):
+        return f"dp x micro-batch = {d} x {b} does not divide the global batch {model.global_batch}"
+    m = model.global_batch // (d * b)
+    if v > 1 and (p == 1 or max(layers) % v or m % p):
+        return f"{v} chunks need pp > 1, chunks dividing each stage's layers, micro-batches a multiple of pp"
+    if layout.zero not in (0, 1, 2, 3):
+        return f"ZeRO stage must be 0-3, not {layout.zero}"
+    if layout.recompute not in RECOMPUTE:
+        return f"recompute must be one of {', '.join(RECOMPUTE)}"
+    if layout.precision not in ACCOUNTING:
+        return f"precision must be one of {', '.join(ACCOUNTING)}"
+    if layout.sequence_parallel and t == 1:
+        return "sequence parallelism needs tp > 1"
+    return None
+
+
+@dataclass
+class Estimate:
+    model: Model
+    layout: Layout
+    gpu: str
+    step_time_s: float
+    compute_s: float
+    elementwise_s: float       # the part of compute_s bound by HBM
+    tp_s: float
+    pp_s: float
+    dp_s: float
+    bubble_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    model_flops: float
+    hardware_flops: float
+    tflops_per_gpu_model: float
+    tflops_per_gpu_hardware: float
+    mfu: float
+    hfu: float
+    memory: dict
+    memory_bytes_per_gpu: float
+    fits: bool
+    lines: list = field(default_factory=list, repr=False)   # (quantity, formula, value)
+
+    def as_dict(self):
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
+                "chunks": lay.chunks, "zero": lay.zero, "sequence_parallel": lay.sequence_parallel,
+                "recompute": lay.recompute, "precision": lay.precision,
+                "step_time_s": self.step_time_s, "compute_s": self.compute_s, "tp_s": self.tp_s,
+                "pp_s": self.pp_s, "dp_s": self.dp_s, "bubble_s": self.bubble_s,
+                "optimizer_s": self.optimizer_s,
+                "tokens_per_s": self.tokens_per_s,
+                "tflops_per_gpu_model": self.tflops_per_gpu_model,
+                "tflops_per_gpu_hardware": self.tflops_per_gpu_hardware,
+                "mfu": self.mfu, "hfu": self.hfu, "memory": dict(self.memory),
+                "memory_bytes_per_gpu": self.memory_bytes_per_gpu, "fits": self.fits}
+
+
+def _stage_params(model, layers, first, last, t):
+    """Parameters one GPU of a stage holds: its layers' share and, on the first stage, the
+    embedding (and GPT's position table); on the last, the head (Megatron keeps a copy of
+    a tied embedding there) and the final norm."""
+    h, V = model.hidden, model.vocab
+    n = layers * model.layer_params() / t
+    if first:
+        n += V * h / t + (0 if model.swiglu else model.seq * h)
+    if last and not (first and not model.swiglu):      # one tied table when pp = 1
+        n += V * h / t
+    if last:
+        n += h if model.swiglu else 2 * h
+    return n
+
+
+def estimate(model, cluster, layout):
+    """The Estimate of one legal layout (module docstring); ValueError if it is not legal."""
+    why = legal(model, cluster, layout)
+    if why:
+        raise ValueError(why)
+    g, lay = cluster.gpu, layout
+    t, p, d, b, v = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.chunks
+    s, h, a, V, L = model.seq, model.hidden, model.heads, model.vocab, model.layers
+    m = model.global_batch // (d * b)
+    layers = stage_layers(L, p)
+    lines = []
+
+    def note(quantity, formula, value):
+        lines.append((quantity, formula, value))
+        return value
+
+    # -- compute: matrix products at peak x efficiency, elementwise kernels at HBM speed
+    rate = t * g.peak_flops * g.matmul_efficiency
+    shape = dict(heads=a, ffn=model.ffn, kv_heads=model.kv, swiglu=model.swiglu)
+    fwd = F.layer_flops(b, s, h, **shape)
+    again = {"none": 0, "selective": F.attention_score_flops(b, s, h), "full": fwd}[lay.recompute]
+    layer_matmul = (3 * fwd + again) / rate
+    logits = 3 * F.logit_flops(b, s, h, V) / rate
+    scores = 5 * a * s * s * b / t                       # the s x s arrays in that count
+    saved = korthikanti_layer_bytes(s, b, h, a, t, lay.sequence_parallel)
+    saved -= scores if lay.flash_attention else 0
+    passes = 4 if lay.recompute == "full" else 3         # forward 1, backward 2, recomputed 1
+    rerun = lay.recompute == "selective" and not lay.flash_attention
+    elem_bytes = 2 * saved * passes + (2 * scores if rerun else 0)
+    layer_elem = elem_bytes / g.hbm_bytes_per_s
+    note("matmul rate per stage", "t x peak x matmul efficiency (FLOP/s)", rate)
+    note("layer matmuls / micro-batch", "(3 x forward + recomputed) FLOPs / rate (s)", layer_matmul)
+    note("layer elementwise / micro-b.", "2 x saved bytes x passes / HBM bandwidth (s)", layer_elem)
+
+    # -- tensor parallelism: ring collectives of b s h on NVLink if the group fits a node
+    tp_layer = 0.0
+    if t > 1:
+        alpha, bw = cluster.link(t)
+        M = b * s * h * ACT_BYTES
+        if lay.sequence_parallel:
+            n = 8 + 2 + (4 if lay.recompute == "full" else 0)
+            tp_layer = n * ring_half_time(M, t, alpha, 1 / bw)
+        else:
+            n = 4 + (2 if lay.recompute == "full" else 0)
+            tp_layer = n * ring_all_reduce_time(M, t, alpha, 1 / bw)
+    note("TP per layer / micro-batch", "ring collectives of b s h on the TP link (s)", tp_layer)
+
+    def stage_time(i):
+        extra = logits if i == p - 1 else 0.0
+        return layers[i] * (layer_matmul + layer_elem) + extra, layers[i] * tp_layer
+
+    times = [stage_time(i) for i in range(p)]
+    busiest = max(range(p), key=lambda i: sum(times[i]))
+    comp_mb, tp_mb = times[busiest]
+    elem_mb = layers[busiest] * layer_elem
+    compute_s = note("compute", "m x busiest stage's compute per micro-batch (s)", m * comp_mb)
+    tp_s = note("exposed TP", "m x busiest stage's TP time per micro-batch (s)", m * tp_mb)
+
+    # -- pipeline: the bubble, and the boundary transfers
+    bubble_s = pp_s = 0.0
+    if p > 1:
+        frac = bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v)
+        mean_mb = sum(sum(x) for x in times) / p           # the fill and drain cross every stage
+        bubble_s = float(frac / (1 - frac)) * m * mean_mb
+        alpha, bw = cluster.link(t * d + 1)              # neighbours are t d ranks apart
+        nbytes = p2p_bytes(b, s, h, ACT_BYTES) / (t if t * d >= cluster.gpus_per_node else 1)
+        pp_s = 2 * (v * m + p - 1) * (alpha + nbytes / bw)
+    note("bubble", "(p-1)/(v m) of m micro-batches on a mean stage (s)", bubble_s)
+    note("exposed PP", "2 (v m + p - 1) transfers of b s h (/t across nodes) (s)", pp_s)
+
+    # -- data parallelism: gradients reduced over the dp group's link
+    params_stage = [_stage_params(model, layers[i], i == 0, i == p - 1, t) for i in range(p)]
+    psi = max(params_stage)
+    w_item, g_item, _ = ACCOUNTING[lay.precision]
+    dp_s = 0.0
+    if d > 1:
+        alpha, bw = cluster.link(t * d)
+        bwd = comp_mb * (2 * fwd + again) / (3 * fwd + again)    # last micro-batch's backward
+        rs = ring_half_time(psi * g_item, d, alpha, 1 / bw)
+        ag = ring_half_time(psi * w_item, d, alpha, 1 / bw)
+        if lay.zero == 0:
+            dp_s = max(0.0, ring_all_reduce_time(psi * g_item, d, alpha, 1 / bw) - bwd)
+        elif lay.zero == 1:
+            dp_s = max(0.0, rs - bwd) + ag
+        elif lay.zero == 2:                        # reduced after every micro-batch's backward
+            dp_s = m * max(0.0, rs - bwd) + ag
+        else:                                      # gathered for forward and backward, each micro-batch
+            dp_s = m * max(0.0, 2 * ag + rs - comp_mb)
+    note("exposed DP", "gradient reduction less the last backward (s)", dp_s)
+
+    # -- the optimizer step: Adam reads and writes its state, bound by HBM
+    k_item = ACCOUNTING[lay.precision][2]
+    opt_psi = psi / d if lay.zero >= 1 else psi
+    opt_s = note("optimizer step", "Psi_gpu x (2K + g + w) bytes / HBM bandwidth (s)",
+                 opt_psi * (2 * k_item + g_item + w_item) / g.hbm_bytes_per_s)
+
+    step = compute_s + tp_s + bubble_s + pp_s + dp_s + opt_s
+    note("step time", "compute + TP + bubble + PP + DP + optimizer (s)", step)
+    model_flops, hw_flops = F.step_flops(model.global_batch, s, L, h, V, recompute=lay.recompute, **shape)
+    n_gpu = cluster.gpus
+
+    # -- memory on the first and the last stage (the two ends), the larger one reported
+    keep = activation_layer_bytes(s, b, h, a, t, lay.sequence_parallel, lay.recompute)
+    if lay.flash_attention and lay.recompute == "none":
+        keep -= 5 * a * s * s * b / t
+    work = saved if lay.recompute == "full" else 0.0     # one layer rebuilt in backward
+
+    def stage_memory(i):
+        states = model_state_bytes(params_stage[i], d, lay.zero, lay.precision)
+        if i == 0:
+            flight = float(in_flight(p, m, v))
+        else:                                  # the last rank's warm-up, Megatron's count
+            flight = min(m, ((v - 1) * p + 1) / v) if p > 1 else 1
+        mem = dict(states, activations=flight * layers[i] * keep + work)
+        if i == p - 1:
+            mem["logits"] = b * s * V / t * LOGIT_BYTES
+        return mem
+
+    ends = [stage_memory(0)] + ([stage_memory(p - 1)] if p > 1 else [])
+    memory = max(ends, key=lambda x: sum(x.values()))
+    total = sum(memory.values())
+    note("memory on the fullest GPU", "states + activations (+ logits) (bytes)", total)
+    return Estimate(model, lay, g.name, step, compute_s, m * elem_mb, tp_s, pp_s, dp_s, bubble_s, opt_s,
+                    model.global_batch * s / step, model_flops, hw_flops,
+                    model_flops / step / n_gpu / 1e12, hw_flops / step / n_gpu / 1e12,
+                    model_flops / (step * n_gpu * g.peak_flops), hw_flops / (step * n_gpu * g.peak_flops),
+                    memory, total, total <= USABLE_MEMORY * g.memory_bytes, lines)
+
+
+def describe(est):
+    """One line per step of the arithmetic (--explain)."""
+    out = []
+    for q, formula, value in est.lines:
+        out.append(f"  {q:<30}{value:>12.4g}  {formula}")
+    return out
