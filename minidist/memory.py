@@ -15,35 +15,20 @@ splits every matrix, the pipeline splits the layers; evenly, ignoring the few re
 ones such as layer norms), and the stages above apply to that share, N = N_d.
 
 Activations per layer (docs/reference.md#activation-memory-per-layer): 16-bit values,
-1-byte dropout masks, tp_formulas.korthikanti_layer_bytes for none; selective
+1-byte dropout masks, plan.memory.korthikanti_layer_bytes for none; selective
 recomputation drops the 5as^2b attention term; full keeps each layer's input, 2sbh
-(divided by t under sequence parallelism).
+(divided by t under sequence parallelism). The formulas live in minidist/plan/memory.py;
+this file is their command line.
 """
 import argparse
 import json
 import math
 import sys
 
-from minidist.parallel.tp_formulas import korthikanti_layer_bytes
+from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, model_state_bytes
 
-K_ADAM = 12        # fp32 master weights, momentum, variance: bytes per parameter
+K_ADAM = ACCOUNTING["zero"][2]   # fp32 master weights, momentum, variance: bytes per parameter
 GB = 1e9           # the paper's GB
-
-
-def model_state_bytes(psi, n, k=K_ADAM):
-    """{stage: bytes per device} for stages 0-3 (the ZeRO paper's Figure 1 accounting)."""
-    return {0: (2 + 2 + k) * psi, 1: 2 * psi + 2 * psi + k * psi / n,
-            2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}
-
-
-def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none"):
-    """Bytes of activations one layer keeps for backward, per tensor-parallel rank."""
-    if recompute == "full":
-        return 2 * s * b * h / (t if sequence_parallel else 1)
-    full = korthikanti_layer_bytes(s, b, h, a, t, sequence_parallel)
-    if recompute == "selective":                     # the attention scores are recomputed
-        return full - 5 * a * s * s * b / t
-    return full
 
 
 def _positive(kind):
@@ -103,7 +88,7 @@ def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     psi = args.params / (args.tp * args.pp)          # this device's share of the parameters
-    states = model_state_bytes(psi, args.dp)
+    states = {stage: sum(model_state_bytes(psi, args.dp, stage).values()) for stage in range(4)}
     shape = [args.seq, args.batch, args.hidden, args.heads, args.layers]
     acts = None
     if any(v is not None for v in shape):

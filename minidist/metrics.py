@@ -1,6 +1,7 @@
 """Where the FLOPs and the bytes go: FLOPs per token, a measured peak, MFU, memory by category.
 
-FLOPs per token of training (PaLM, arXiv 2204.02311, appendix B):
+FLOPs per token of training (PaLM, arXiv 2204.02311, appendix B; the formula lives in
+minidist/plan/flops.py, with the per-step counts of Narayanan et al. 2021):
 
     6N + 12 * L * H * Q * T
 
@@ -20,13 +21,14 @@ import time
 import numpy as np
 
 from minidist.backend import synchronize, xp
+from minidist.plan import flops as plan_flops
 
 
 def flops_per_token(config, n_params):
-    """Training FLOPs per token: 6N + 12 L H Q T (N = non-position parameters)."""
-    L, H, T = config.n_layer, config.n_head, config.block_size
-    Q = config.n_embd // config.n_head
-    return 6 * n_params + 12 * L * H * Q * T
+    """Training FLOPs per token of a GPTConfig: plan.flops.flops_per_token, 6N + 12 L H Q T
+    (N = non-position parameters), with the config's shapes."""
+    return plan_flops.flops_per_token(config.n_layer, config.n_head, config.n_embd // config.n_head,
+                                      config.block_size, n_params)
 
 
 _PEAK = {}

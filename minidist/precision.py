@@ -37,7 +37,7 @@ Three pieces, each in one place here:
      weights 2 + fp16 gradients 2 + fp32 master, m, v 4 + 4 + 4 = 16 bytes (K = 12);
    - Megatron-LM with bf16 (its default keeps fp32 gradients, "main_grad"): 2 + 4 + 12
      = 18 bytes; with its distributed optimizer the 12 are sharded over d data-parallel
-     ranks: 6 + 12/d (Megatron-LM's docs, distributed optimizer).
+     ranks: 6 + 12/d (Megatron-LM's docs, distributed optimizer; plan.memory.bytes_per_param).
 
 3. LOSS SCALING (`GradScaler`, fp16 only): fp16 keeps 5 exponent bits: below 2^-14 it
    loses precision (subnormals) and at or below 2^-25 a gradient becomes zero. Multiply the loss by S before backward (every gradient is
@@ -208,16 +208,6 @@ class MixedPrecision:
 
     def state_bytes(self):
         return self.inner.state_bytes()
-
-
-def paper_bytes_per_param(accounting, d=1):
-    """Model-state bytes per parameter: "zero" (ZeRO paper, fp16: 2 + 2 + 12), "megatron"
-    (bf16 with fp32 gradients: 2 + 4 + 12), "megatron_distopt" (6 + 12/d), "fp32"
-    (4 + 4 + 8: fp32 weights, gradients, AdamW's m and v)."""
-    table = {"zero": 2 + 2 + 12, "megatron": 2 + 4 + 12, "megatron_distopt": 6 + 12 / d, "fp32": 4 + 4 + 8}
-    if accounting not in table:
-        raise ValueError(f"accounting must be one of {sorted(table)}")
-    return table[accounting]
 
 
 # ----------------------------------------------------------------------------- 3. loss scaling

@@ -6,7 +6,12 @@ import sys
 
 import pytest
 
-from minidist.memory import activation_layer_bytes, model_state_bytes
+from minidist.plan.memory import activation_layer_bytes, model_state_bytes
+
+
+def totals(psi, n):
+    """{stage: bytes per device}, the calculator's rows: weights + gradients + optimizer."""
+    return {stage: sum(model_state_bytes(psi, n, stage).values()) for stage in range(4)}
 
 
 def run(*argv):
@@ -15,7 +20,7 @@ def run(*argv):
 
 def test_paper_example_7_5b_on_64():
     """Rajbhandari et al. 2020, Figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
-    gb = {s: v / 1e9 for s, v in model_state_bytes(7.5e9, 64).items()}
+    gb = {s: v / 1e9 for s, v in totals(7.5e9, 64).items()}
     assert gb[0] == pytest.approx(120.0)
     assert round(gb[1], 1) == 31.4 and round(gb[2], 1) == 16.6 and round(gb[3], 1) == 1.9
     out = run("--params", "7.5e9", "--dp", "64")
@@ -25,7 +30,7 @@ def test_paper_example_7_5b_on_64():
 
 
 def test_seed_70b_is_16_bytes_per_parameter():
-    assert model_state_bytes(70e9, 1)[0] == 1.12e12     # the seed notes: about 1.12 TB
+    assert totals(70e9, 1)[0] == 1.12e12     # the seed notes: about 1.12 TB
 
 
 def test_json_shape():
@@ -46,7 +51,7 @@ def test_tp_and_pp_divide_the_model_states():
     """Each device holds Psi/(t p): --tp 8 --pp 2 is the paper's accounting of Psi/16."""
     rep = json.loads(run("--params", "7.5e9", "--dp", "64", "--tp", "8", "--pp", "2", "--json").stdout)
     assert rep["params_per_device"] == 7.5e9 / 16 and (rep["tp"], rep["pp"]) == (8, 2)
-    want = model_state_bytes(7.5e9 / 16, 64)
+    want = totals(7.5e9 / 16, 64)
     assert {int(k): v for k, v in rep["bytes_per_device"].items()} == want
     assert rep["bytes_per_device"]["0"] == 16 * 7.5e9 / 16
     out = run("--params", "7.5e9", "--dp", "64", "--tp", "8")

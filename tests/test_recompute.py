@@ -18,7 +18,7 @@ import minidist
 from minidist import recompute
 from minidist.lessons import common, harness
 from minidist.model import GPT, GPTConfig
-from minidist.parallel.tp_formulas import recompute_peak_elements
+from minidist.plan.memory import recompute_peak_elements
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor, no_grad
 from minidist.train import TrainConfig

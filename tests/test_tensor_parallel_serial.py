@@ -18,7 +18,7 @@ from minidist.comm import chunk_bounds
 from minidist.model import GPT, GPTConfig
 from minidist.parallel import tensor_parallel as tpm, tp_model
 from minidist.parallel.tensor_parallel import padded_vocab, vocab_range
-from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_all_reduce_sent, ring_reduce_scatter_sent
+from minidist.plan.collectives import ring_all_gather_sent, ring_all_reduce_sent, ring_reduce_scatter_sent
 from minidist.parallel.tp_model import (Shard, TensorParallelGPT, TPError, check_sharded, shard, shard_specs,
                                         unshard)
 from minidist.rng import DropoutRNG
@@ -239,7 +239,7 @@ def test_lesson_03_refuses_heads_that_do_not_divide():
 
 def test_korthikanti_formulas_by_hand():
     """The paper's per-layer bytes at GPT-3's s=2048, h=12288, a=96, b=1, t=8, worked by hand."""
-    from minidist.parallel.tp_formulas import korthikanti_layer_bytes
+    from minidist.plan.memory import korthikanti_layer_bytes
     sbh, as2b = 2048 * 12288, 96 * 2048 * 2048
     assert korthikanti_layer_bytes(2048, 1, 12288, 96) == 34 * sbh + 5 * as2b == 2_868_903_936
     assert korthikanti_layer_bytes(2048, 1, 12288, 96, 8) == 10 * sbh + 3 * sbh + 5 * as2b / 8
@@ -250,7 +250,7 @@ def test_engine_count_splits_as_the_paper_does():
     """This engine's elements per layer: 18 sbh + 2 sb + 2 as^2b with dropout in one process;
     6 sbh + 12 sbh/t (+ the rest) under TP, as the paper's 10 sbh + 24 sbh/t is split; all of it
     over t under TP + SP."""
-    from minidist.parallel.tp_formulas import engine_layer_elements
+    from minidist.plan.memory import engine_layer_elements
     b, s, h, a, t = 2, 8, 48, 24, 4
     sbh, sb, as2b = s * b * h, s * b, a * s * s * b
     assert sum(engine_layer_elements(b, s, h, a).values()) == 18 * sbh + 2 * sb + 2 * as2b

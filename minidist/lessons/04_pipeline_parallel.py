@@ -41,6 +41,7 @@ from minidist.parallel import schedules
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import (EXTRA_LAYERS, PipelineGPT, PipelineParallel,
                                                  expected_p2p_bytes, split_layers)
+from minidist.plan.pipeline import bubble_fraction, live_chunks
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -131,7 +132,7 @@ def main(args):
 
     # --- the schedule as data: the picture and the simulator
     sim = schedules.simulate(sched, pp, m, v)
-    bubble_formula = schedules.formula(args.schedule, pp, m, v)
+    bubble_formula = bubble_fraction(args.schedule, pp, m, v)
     lam = None if args.latency is None else Fraction(args.latency).limit_denominator(1000)   # in cells
     late = None if lam is None else schedules.simulate(sched, pp, m, v, latency=lam / v)
     say("\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
@@ -215,9 +216,8 @@ def main(args):
     unit = "(micro-batch, chunk) pairs" if v > 1 else "micro-batches"
     say(f"\npeak live activations: {unit} whose forward ran and whose " + ("W" if args.schedule == "zb-h1" else "B")
         + " had not")
-    formula = {"1f1b": lambda r: min(pp - r, m), "gpipe": lambda r: m,
-               "interleaved": lambda r: min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v)}.get(args.schedule)
-    harness.table([[f"rank {r}", want_peaks[r], peaks[r], formula(grid.coords(r)[1]) if formula else "-",
+    formula = [live_chunks(args.schedule, pp, m, v, grid.coords(r)[1]) for r in range(world)]
+    harness.table([[f"rank {r}", want_peaks[r], peaks[r], "-" if formula[r] is None else formula[r],
                     "equal" if peaks[r] == want_peaks[r] else "DIFFERENT"] for r in range(world)],
                   header=["", "simulated", "measured in the run", "formula", ""])
     expect = {"gpipe": f"GPipe keeps all m = {m}", "1f1b": f"1F1B keeps at most p - r (<= {pp})",

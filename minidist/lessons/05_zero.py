@@ -25,7 +25,9 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.data_parallel import BucketedDataParallel
 from minidist.parallel.fsdp import Units
-from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
+from minidist.parallel.zero import ZeRO, expected_sent, reference_slice
+from minidist.plan.memory import engine_state_bytes
+from minidist.plan.traffic import dp_sent, zero_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -64,9 +66,8 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
         mem = {"params": sum(p.data.nbytes for p in model.parameters()), "grads": grads,
                "optimizer": opt.state_bytes()}
         split = {"full": grads, "partitions": 0, "in_flight": 0}
-        from minidist.parallel.tp_formulas import ring_all_reduce_sent
-        exact = {"all_reduce": int(common.mpi_reduce(comm, sum(
-            ring_all_reduce_sent(b.flat.size, world, comm.Get_rank()) * item for b in dp.buckets)))}
+        bucket_sizes = [b.flat.size for b in dp.buckets]   # one ring all-reduce per bucket
+        exact = {"all_reduce": int(common.mpi_reduce(comm, dp_sent(bucket_sizes, world, comm.Get_rank(), item)[1]))}
     else:
         mem = dp.memory()
         split = dp.peak_grad_split
@@ -83,8 +84,8 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
     return dict(stage=stage, name=name, grad_peak=peak, grad_split=split,
                 grad_peak_formula=peak_grad_formula(stage, overlap, psi, world, item, args.grad_accum, root, blocks,
                                                     split["full"]), rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
-                losses=list(state["loss"]), mem=mem, formula=paper_memory(stage, psi, world, item),
-                sent=sent, exact=exact, paper=paper_sent(stage, psi, world, item, args.grad_accum, root),
+                losses=list(state["loss"]), mem=mem, formula=engine_state_bytes(stage, psi, world, item),
+                sent=sent, exact=exact, paper=zero_bytes(stage, psi, world, item, args.grad_accum, root),
                 psi=psi, root=root, time=float(common.mpi_reduce(comm, float(np.median(times)))))
 
 

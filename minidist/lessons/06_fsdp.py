@@ -23,7 +23,8 @@ from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.fsdp import FSDP
-from minidist.parallel.zero import expected_sent, paper_sent, reference_slice
+from minidist.parallel.zero import expected_sent, reference_slice
+from minidist.plan.traffic import zero_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -147,7 +148,7 @@ def main(args):
     sent = {c: int(common.mpi_reduce(comm, m.bytes_sent(c) // args.steps)) for c in ("reduce_scatter", "all_gather")}
     exact = {c: int(common.mpi_reduce(comm, v)) for c, v in expected_sent(fsdp, args.grad_accum).items()}
     root = units.groups[0].n
-    paper = paper_sent(3, psi, world, item, args.grad_accum, root, args.reshard)
+    paper = zero_bytes(3, psi, world, item, args.grad_accum, root, args.reshard)
     k = f"{args.grad_accum} x " if args.grad_accum > 1 else ""
     term = "3 Psi - root" if args.reshard else "2 Psi"
     say(f"\ncommunication per step per rank, bytes sent (Psi = {psi:,}, root = {root:,} parameters)")

@@ -33,6 +33,7 @@ from minidist.parallel.parallel_3d import (GROUPS, Parallel3D, build_stage, expe
 from minidist.parallel.pipeline_parallel import split_layers
 from minidist.parallel.tensor_parallel import vocab_range
 from minidist.parallel.zero import ZeRO
+from minidist.plan.pipeline import bubble_fraction
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -203,7 +204,7 @@ def main(args):
 
     # --- the bubble of the schedule across the pp stages
     sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
-    bubble_formula = schedules.formula(args.schedule, pp, m, v)
+    bubble_formula = bubble_fraction(args.schedule, pp, m, v)
     say(f"\nthe bubble: simulated {float(sim.bubble):.4f}, formula {float(bubble_formula):.4f} "
         f"({args.schedule}, p={pp}, m={m}" + (f", v={v}" if v > 1 else "") + ")")
 

@@ -35,11 +35,11 @@ from minidist import recompute
 from minidist.comm import ProcessGrid, stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
-from minidist.memory import activation_layer_bytes
 from minidist.model import GPT
 from minidist.parallel.parallel_3d import Parallel3D, build_stage, expected_traffic
-from minidist.parallel.tp_formulas import expected_bytes, recompute_peak_elements
+from minidist.parallel.tp_formulas import expected_bytes
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
+from minidist.plan.memory import activation_layer_bytes, recompute_peak_elements
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor
 from minidist.train import TrainConfig

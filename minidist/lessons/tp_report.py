@@ -19,9 +19,9 @@ from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, generate_greedy
 from minidist.parallel.sequence_parallel import sequence_bounds
-from minidist.parallel.tp_formulas import (engine_layer_elements, generation_bytes, generation_feeds,
-                                           korthikanti_layer_bytes, measured_saved_bytes)
+from minidist.parallel.tp_formulas import generation_bytes, generation_feeds, measured_saved_bytes
 from minidist.parallel.tp_model import TensorParallelGPT
+from minidist.plan.memory import engine_layer_elements, korthikanti_layer_bytes
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 

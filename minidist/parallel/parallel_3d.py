@@ -38,9 +38,11 @@ from minidist.backend import xp
 from minidist.comm import all_reduce, stats
 from minidist.optim import grad_norm_sq
 from minidist.parallel.data_parallel import NaiveDataParallel
-from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
-from minidist.parallel.tp_formulas import dp_all_reduce_bytes, expected_bytes, ring_all_reduce_sent
+from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel
+from minidist.parallel.tp_formulas import replicated_elements
 from minidist.parallel.tp_model import TensorParallelGPT, shard, shard_shape
+from minidist.plan.memory import engine_state_bytes
+from minidist.plan.traffic import parallel_3d_sent
 
 GROUPS = ("tp", "pp", "dp", "clip")
 
@@ -146,34 +148,26 @@ class Parallel3D:
 
 
 def expected_traffic(slot, rows, T, clip=True):
-    """{group: {collective: bytes}} this rank sends in one step, by the earlier lessons'
-    formulas: tp_formulas for TP (this stage's layers and ends), pipeline_parallel for the
-    point-to-point bytes, the ring's count for wte's sum, the DP all-reduce or ZeRO's; with
-    clipping (clip), the norm's float64 over tp and pp."""
-    from minidist.parallel.zero import expected_sent
+    """{group: {collective: bytes}} this rank sends in one step: plan.traffic.parallel_3d_sent
+    of this rank's shapes (tp_sent of its stage's layers and ends, pp_sent for the
+    point-to-point bytes, the ring's count for wte's sum, dp_sent or zero_sent over the
+    replicas; with clipping (clip), the norm's float64 over tp and pp)."""
     stage, tpm, grid, m = slot.stage, slot.tp_model, slot.grid, slot.m
-    item = np.dtype(stage.config.dtype).itemsize
-    b = rows // m
-    out = {g: {} for g in GROUPS}
+    cfg = stage.config
+    layers = sum(hi - lo for lo, hi in (stage.ranges[s] for s in stage.stages))
     # activation recomputation: each checkpointed layer reruns its forward, 2 more g's (recompute.py)
     again = len(stage.blocks()) if stage.recompute.segment else 0
-    out["tp"] = {k: v[1] for k, v in expected_bytes(tpm, b, T, m, clip=False, recomputed_layers=again,
-                                                    stage=stage).items()}
-    if grid.pp > 1:
-        out["pp"]["send"] = expected_p2p_bytes(stage, [b] * m, item)
-        if stage.last:                         # the loss, one float64 to every other stage
-            out["pp"]["broadcast"] = 8 * (grid.pp - 1)
-        if stage.first or stage.last:
-            out["pp"]["all_reduce"] = ring_all_reduce_sent(stage.transformer.wte.weight.size, 2,
-                                                           int(stage.last)) * item
-    if slot.zero is not None:
-        out["dp"] = expected_sent(slot.zero, m)
-    elif grid.dp > 1:
-        out["dp"]["all_reduce"] = dp_all_reduce_bytes(stage.parameters(), grid.dp_comm)[1]
-    if clip:
-        out["clip"]["all_reduce"] = sum(ring_all_reduce_sent(1, c.Get_size(), c.Get_rank()) * 8
-                                        for c in (grid.tp_comm, grid.pp_comm) if c.Get_size() > 1)
-    return {g: {k: v for k, v in d.items() if v} for g, d in out.items()}
+    zero = slot.zero
+    groups = None if zero is None else [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize)
+                                        for g in zero.groups]
+    return parallel_3d_sent(
+        rows // m, T, cfg.n_embd, m, np.dtype(cfg.dtype).itemsize,
+        *[(c.Get_size(), c.Get_rank()) for c in (grid.tp_comm, grid.pp_comm, grid.dp_comm)], layers,
+        stage.first, stage.last, stage.stages, stage.p * stage.v, stage.transformer.wte.weight.size,
+        dp_sizes=[p.size for p in stage.parameters()], zero_groups=groups,
+        zero_stage=None if zero is None else zero.stage, recomputed_layers=again,
+        sequence_parallel=tpm.sequence_parallel, regather=not tpm.sp_keep_gathered,
+        replicated=replicated_elements(tpm), clip=clip)
 
 
 def stage_param_count(stage, tp_model):
@@ -186,14 +180,13 @@ def stage_param_count(stage, tp_model):
 
 def expected_memory(slot):
     """{category: bytes} this rank holds after a step, by the ZeRO paper's accounting
-    (zero.paper_memory) of Psi_r in the run's dtype: params Psi_r, grads Psi_r (ZeRO-1 keeps
+    (plan.memory.engine_state_bytes) of Psi_r in the run's dtype: params Psi_r, grads Psi_r (ZeRO-1 keeps
     the whole local gradient and its reduced partition, Psi_r + Psi_r/N_d), AdamW's m and v
     2 Psi_r (ZeRO-1: 2 Psi_r/N_d), N_d = dp. Psi_r/N_d is the paper's even cut; the
     partitions are array_split's, up to one element apart."""
-    from minidist.parallel.zero import paper_memory
     item = np.dtype(slot.stage.config.dtype).itemsize
     psi = stage_param_count(slot.stage, slot.tp_model)
-    return paper_memory(1 if slot.zero is not None else 0, psi, slot.grid.dp, item)
+    return engine_state_bytes(1 if slot.zero is not None else 0, psi, slot.grid.dp, item)
 
 
 def reference_value(key, ref_state, tp_model):

@@ -71,6 +71,7 @@ from minidist.nn import Module, ModuleDict
 from minidist.ops import cross_entropy
 from minidist.optim import grad_norm_sq
 from minidist.parallel import schedules
+from minidist.plan.traffic import pp_sent
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor, deferred_weight_grads, run_weight_grads
 
@@ -377,9 +378,8 @@ class PipelineParallel:
 
 
 def expected_p2p_bytes(model, batch_rows, itemsize):
-    """Bytes this rank sends point-to-point in one step: b s h per micro-batch per boundary,
-    forward from every chunk that is not the last stage, backward from every chunk that is
-    not the first."""
-    T, C, n = model.config.block_size, model.config.n_embd, model.p * model.v
-    per_mb = sum(b * T * C for b in batch_rows) * itemsize
-    return sum(per_mb * ((s < n - 1) + (s > 0)) for s in model.stages)
+    """Bytes this rank sends point-to-point in one step: plan.traffic.pp_sent of this
+    stage's virtual stages (b s h per micro-batch per boundary, forward from every chunk
+    that is not the last stage, backward from every chunk that is not the first)."""
+    return pp_sent(model.stages, model.p * model.v, batch_rows, model.config.block_size, model.config.n_embd,
+                   itemsize)

@@ -21,12 +21,10 @@ given a latency), and minidist/parallel/pipeline_parallel.py executes it in a re
 training step.
 `validate` is the referee for all three: it refuses a schedule that could not run.
 
-Bubble fractions of the total time (docs/reference.md#pipeline-bubbles), forward and
-backward of one micro-batch on one stage taking f and b:
-    naive (one micro-batch at a time)   (p-1)/p
-    GPipe, 1F1B                         (p-1)/(m+p-1)
-    interleaved 1F1B, v chunks          (p-1)/(v m + p-1)
-    ZB-H1 (b split into B and W)        (p-1)(f+B-W) of idle time per rank (Qi et al. 2024)
+The bubble fractions the literature gives, which `simulate` must reproduce exactly
+(tests/test_schedules.py), are minidist/plan/pipeline.py's bubble_fraction: naive
+(p-1)/p; GPipe and 1F1B (p-1)/(m+p-1); interleaved 1F1B with v chunks (p-1)/(v m + p-1);
+ZB-H1 (p-1)(f+B-W) of idle time per rank (Qi et al. 2024).
 """
 from fractions import Fraction
 
@@ -330,21 +328,6 @@ def simulate(schedule, p, m, v=1, costs=(1, 2, 1), latency=0):
             best = max(best, live)
         peak.append(best)
     return Simulation(start, end, busy, total, peak)
-
-
-def formula(name, p, m, v=1, costs=(1, 2, 1)):
-    """The bubble fraction of the total time the literature gives (docs/reference.md)."""
-    f, b, w = (Fraction(c) for c in costs)
-    if name == "naive":
-        return Fraction(p - 1, p)
-    if name in ("gpipe", "1f1b") or (name == "interleaved" and v == 1):
-        return Fraction(p - 1, m + p - 1)
-    if name == "interleaved":
-        return Fraction(p - 1, v * m + p - 1)
-    if name == "zb-h1":                            # idle (p-1)(f + B - W) per rank, B = b - w
-        idle = (p - 1) * (f + (b - w) - w)
-        return idle / (m * (f + b) + idle)
-    raise ScheduleError(f"unknown schedule {name!r}")
 
 
 def picture(schedule, v=1, costs=(1, 2, 1), latency=0, width=None):

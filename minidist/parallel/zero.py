@@ -53,6 +53,7 @@ from minidist.parallel.data_parallel import assign_buckets
 # the flat sharded buffer and the exercises' answers 5.1 and 5.2, re-exported under these
 # names (zero.partition, zero.reduce_scatter_grad, zero.Group: the very same objects)
 from minidist.parallel.flat_shards import Group, partition, reduce_grads, reduce_scatter_grad  # noqa: F401
+from minidist.plan.traffic import zero_sent
 from minidist.tensor import backward_step_callback
 
 
@@ -278,54 +279,15 @@ def reference_slice(key, ref_state):
     return np.asarray(ref_state[head + tail]).reshape(-1)[a:b]
 
 
-# ----------------------------------------------------------------------------- formulas
+# ----------------------------------------------------------------------------- bytes, from the groups' sizes
 
 
 def expected_sent(zero, micro_batches=1):
-    """Bytes this rank sends per step, {collective: bytes}, counted chunk by chunk from the
-    ring (uneven array_split chunks included): what the measurement must equal exactly.
-
-    Stage 1: one reduce-scatter and one all-gather of every group per step. Stage 2: a
-    reduce-scatter per micro-batch (the full gradient is never kept), one all-gather.
-    Stage 3: per micro-batch, every unit gathered for forward, the blocks again for
-    backward (when resharded), every unit reduce-scattered; no all-gather after the step.
-    """
-    from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
-    size, rank = zero.comm.Get_size(), zero.comm.Get_rank()
-    # gradients travel in the reduce dtype (16 bits when lesson 10 asks), weights in theirs
-    rs = lambda g: ring_reduce_scatter_sent(g.n, 1, size, rank) * np.dtype(g.reduce_dtype or g.dtype).itemsize  # noqa: E731
-    ag = lambda g: ring_all_gather_sent(g.n, 1, size, rank) * g.shard_itemsize       # noqa: E731
-    k = 1 if zero.stage == 1 else micro_batches
-    out = {"reduce_scatter": k * sum(rs(g) for g in zero.groups)}
-    if zero.stage < 3:
-        out["all_gather"] = sum(ag(g) for g in zero.groups)
-    else:
-        again = zero.groups[1:] if zero.units.reshard else []
-        out["all_gather"] = k * (sum(ag(g) for g in zero.groups) + sum(ag(g) for g in again))
-    return out
-
-
-def paper_sent(stage, psi, size, itemsize, micro_batches=1, root=0, reshard=True):
-    """The paper's count, bytes per rank per step: (N-1)/N x (2 Psi for stages 0-2, 3 Psi
-    for stage 3, less the root unit's backward gather `root` this code never makes; 2 Psi
-    without resharding after forward: nothing is gathered twice)."""
-    f = (size - 1) / size * itemsize
-    if stage == 0:
-        return f * 2 * psi
-    if stage == 3:
-        return f * micro_batches * ((3 * psi - root) if reshard else 2 * psi)
-    return f * ((psi if stage == 1 else micro_batches * psi) + psi)
-
-
-def paper_memory(stage, psi, size, itemsize, k_bytes=None):
-    """Bytes per rank by category, the paper's accounting for this run's dtype: weights and
-    gradients of `itemsize` bytes, AdamW's m and v (2 itemsize per parameter, k_bytes to
-    override: 12 for mixed precision's fp32 master, m and v). Stage 1's grads, Psi + Psi/N
-    (the whole local gradient and its reduced partition), are this implementation's choice
-    (DeepSpeed's stage 1 also keeps the local gradient): the paper counts Psi for stage 1.
-    The reduced partition is all stages 2 and 3 keep."""
-    k_bytes = 2 * itemsize if k_bytes is None else k_bytes
-    part = psi / size
-    return {"params": itemsize * (part if stage == 3 else psi),
-            "grads": itemsize * (psi if stage == 0 else psi + part if stage == 1 else part),
-            "optimizer": k_bytes * (psi if stage == 0 else part)}
+    """Bytes this rank sends per step, {collective: bytes}: plan.traffic.zero_sent of this
+    object's flat groups (their sizes, the dtype their gradients are reduced in, the dtype
+    their weights are gathered in), counted chunk by chunk: what the measurement must
+    equal exactly. The paper's count is plan.traffic.zero_bytes; its memory accounting
+    plan.memory.engine_state_bytes."""
+    groups = [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize) for g in zero.groups]
+    reshard = zero.stage == 3 and zero.units.reshard
+    return zero_sent(zero.stage, groups, zero.comm.Get_size(), zero.comm.Get_rank(), micro_batches, reshard)

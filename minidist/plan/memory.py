@@ -38,10 +38,9 @@ def model_state_bytes(psi, n_d, stage, accounting="zero"):
             raise ValueError(f"accounting must be one of {sorted(ACCOUNTING)} or a tuple, not {accounting!r}")
         accounting = ACCOUNTING[accounting]
     w, g, k = accounting
-    part = psi / n_d
-    return {"weights": w * (part if stage == 3 else psi),
-            "grads": g * (part if stage >= 2 else psi),
-            "optimizer": k * (part if stage >= 1 else psi)}
+    return {"weights": w * psi / (n_d if stage == 3 else 1),
+            "grads": g * psi / (n_d if stage >= 2 else 1),
+            "optimizer": k * psi / (n_d if stage >= 1 else 1)}
 
 
 def bytes_per_param(accounting, n_d=1, stage=0):

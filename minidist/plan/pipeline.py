@@ -31,18 +31,28 @@ def bubble_fraction(schedule, p, m, v=1, costs=(1, 2, 1)):
     raise ValueError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
 
 
+def live_chunks(schedule, p, m, v=1, rank=0):
+    """(micro-batch, chunk) pairs whose activations rank `rank` holds at its peak, as
+    parallel/schedules.py's simulator counts them (None for schedules without a closed
+    form here): GPipe all m; 1F1B min(p - r, m), the warm-up's forwards plus one
+    (Narayanan et al. 2021, section 2.2.1); interleaved with v chunks (m a multiple of
+    p) Megatron-LM's warm-up, 2(p - r - 1) + (v - 1)p forwards, plus one, at most m v."""
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - rank, m)
+    if schedule == "interleaved":
+        return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
+    return None
+
+
 def in_flight(p, m, v=1):
     """Micro-batches whose activations the first stage holds at its peak, in units of one
-    micro-batch through all of that stage's layers, as a Fraction.
-
-    1F1B (v = 1): min(p, m), the warm-up's forwards (Narayanan et al. 2021, section 2.2.1).
-    Interleaved, v chunks (m a multiple of p): the first rank runs v p + p - 1 chunk
-    forwards before its first backward (Megatron-LM's warm-up, 2(p-1) + (v-1)p, plus one),
-    each 1/v of its layers: p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, section 4.2.3),
-    and never more than all m micro-batches."""
-    if v == 1:
-        return Fraction(min(p, m))
-    return Fraction(min(v * m, v * p + p - 1), v)
+    micro-batch through all of that stage's layers, as a Fraction: min(p, m) under 1F1B;
+    interleaved (v chunks, each 1/v of the stage's layers, m a multiple of p)
+    (v p + p - 1)/v = p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, section 4.2.3),
+    never more than all m micro-batches."""
+    return Fraction(live_chunks("1f1b" if v == 1 else "interleaved", p, m, v), v)
 
 
 def p2p_bytes(b, s, h, itemsize):

@@ -23,7 +23,8 @@ from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.parallel import fsdp as fsdp_module
 from minidist.parallel.fsdp import FSDP
-from minidist.parallel.zero import expected_sent, paper_sent, reference_slice
+from minidist.parallel.zero import expected_sent, reference_slice
+from minidist.plan.traffic import zero_bytes
 from sharded_setup import ACCUM, BATCH, Setup
 
 pytestmark = pytest.mark.mpi
@@ -65,7 +66,7 @@ def test_fsdp_equals_one_process_with_exact_bytes_and_peak(reshard, prefetch):
     assert (r.sent["reduce_scatter"], r.sent["all_gather"]) == (exp["reduce_scatter"], exp["all_gather"]), (r.sent, exp)
     assert r.sent["all_reduce"] == 0
     psi, root = sum(g.n for g in units.groups), units.groups[0].n
-    formula = paper_sent(3, psi, N, item, ACCUM, root, reshard)
+    formula = zero_bytes(3, psi, N, item, ACCUM, root, reshard)
     calls = 3 * ACCUM * len(units.groups)
     assert abs(sum(exp.values()) - formula) <= calls * (N - 1) * item, (exp, formula)
     # parameter memory: exactly the rule, read from the gathered buffers

@@ -12,7 +12,7 @@ from minidist.comm import ring_all_reduce, ring_reduce_scatter, stats
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.compression import ring_bytes
 from minidist.parallel.data_parallel import BucketedDataParallel
-from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
+from minidist.plan.collectives import ring_all_gather_sent, ring_reduce_scatter_sent
 from minidist.parallel.zero import ZeRO
 from minidist.precision import GradScaler, MixedPrecision, autocast, dtype16
 from minidist.train import micro_batches, train_step

@@ -19,7 +19,8 @@ from minidist.comm import stats
 from minidist.lessons import harness
 from minidist.lessons.common import mpi_reduce
 from minidist.model import GPT, GPTConfig
-from minidist.parallel.tp_formulas import expected_bytes, recompute_peak_elements
+from minidist.parallel.tp_formulas import expected_bytes
+from minidist.plan.memory import recompute_peak_elements
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor

@@ -23,9 +23,9 @@ from minidist.comm import stats
 from minidist.model import GPT, GPTConfig, LayerKV, cached_attention, generate_greedy
 from minidist.parallel.sequence_parallel import sequence_bounds
 from minidist.parallel.tensor_parallel import padded_vocab, vocab_parallel_argmax, vocab_range
-from minidist.parallel.tp_formulas import (engine_layer_elements, generation_bytes, generation_feeds,
-                                           measured_saved_bytes)
+from minidist.parallel.tp_formulas import generation_bytes, generation_feeds, measured_saved_bytes
 from minidist.parallel.tp_model import TensorParallelGPT
+from minidist.plan.memory import engine_layer_elements
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 

@@ -21,7 +21,9 @@ from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.parallel import zero as zero_module
 from minidist.parallel.fsdp import Units
-from minidist.parallel.zero import ZeRO, expected_sent, paper_memory, paper_sent, reference_slice
+from minidist.parallel.zero import ZeRO, expected_sent, reference_slice
+from minidist.plan.memory import engine_state_bytes
+from minidist.plan.traffic import zero_bytes
 from sharded_setup import ACCUM, BATCH, Setup
 
 pytestmark = pytest.mark.mpi
@@ -70,10 +72,10 @@ def test_equals_one_process_and_bytes_and_memory(case):
     root = z.groups[0].n if z.stage == 3 else 0
     if z.stage < 3 or z.units.reshard:
         calls = (2 * ACCUM + 1) * len(z.groups)      # collectives per step, at most
-        formula = paper_sent(z.stage, psi, N, item, ACCUM, root)
+        formula = zero_bytes(z.stage, psi, N, item, ACCUM, root)
         assert abs(sum(exp.values()) - formula) <= calls * (N - 1) * item, (exp, formula)
     # memory: optimizer state 1/N of DP's within one element per group, from the arrays
-    mem, want = z.memory(), paper_memory(z.stage, psi, N, item)
+    mem, want = z.memory(), engine_state_bytes(z.stage, psi, N, item)
     held = sum(g.hi - g.lo for g in z.groups)
     assert mem["optimizer"] == 2 * item * held
     assert abs(mem["optimizer"] - want["optimizer"]) <= 2 * item * len(z.groups)
@@ -82,7 +84,7 @@ def test_equals_one_process_and_bytes_and_memory(case):
     else:                                                # stage 1 keeps the local gradient beside its partition
         assert mem["grads"] == item * (psi + held), (mem["grads"], item * (psi + held))
     assert abs(mem["grads"] - want["grads"]) <= item * len(z.groups), \
-        f"{case}: gradients held {mem['grads']:,} B, paper_memory says {want['grads']:,.0f} B"
+        f"{case}: gradients held {mem['grads']:,} B, engine_state_bytes says {want['grads']:,.0f} B"
     # the gradient peak, read from the arrays: naive holds the whole gradient (beside the
     # partition of the first micro-batch), overlapped at most two buckets' copies in flight
     full = item * psi

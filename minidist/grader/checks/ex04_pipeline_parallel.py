@@ -45,6 +45,7 @@ from minidist.grader.counting import CountingComm, Misuse
 from minidist.grader.plugin import Run
 from minidist.grader.referee import said, where
 from minidist.parallel import pipeline_parallel, schedules
+from minidist.plan.pipeline import bubble_fraction
 
 SHAPE = (7, 67, 71)       # 33,299 values: 266 KB in float64, 133 KB in float32
 BOTH_WAYS = "activations go forward to the next stage, gradients back to the previous one"
@@ -68,7 +69,7 @@ def _check_schedule(fn, name, peak):
                                      "before its first backward)" if name == "one_f_one_b" else
                                      f"{name}({p}, {m}): rank {r} holds {sim.peak[r]} micro-batches' activations at "
                                      f"once, expected {want[r]}")
-            f = schedules.formula("gpipe" if name == "gpipe" else "1f1b", p, m)
+            f = bubble_fraction("gpipe" if name == "gpipe" else "1f1b", p, m)
             if sim.bubble != f:
                 raise AssertionError(f"{name}({p}, {m}): the simulated bubble is {sim.bubble} of the time, the "
                                      f"formula (p-1)/(m+p-1) gives {f}")

@@ -25,7 +25,7 @@ import numpy as np
 from minidist.grader.checks import Exercise, own_session, world_then_groups
 from minidist.grader.plugin import Run
 from minidist.parallel import zero
-from minidist.parallel.tp_formulas import ring_all_gather_sent, ring_reduce_scatter_sent
+from minidist.plan.collectives import ring_all_gather_sent, ring_reduce_scatter_sent
 
 REFUSE = "use ring_reduce_scatter(comm, flat, op=\"sum\") from minidist.comm: this exercise reduce-scatters on the ring"
 LENGTHS = [23, 11, 2, 0]         # divided by none of 2, 3, 4, 5, 7, 8; shorter than the world; empty

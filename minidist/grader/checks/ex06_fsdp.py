@@ -36,7 +36,7 @@ from minidist.grader.checks import Exercise, own_session, yours as _yours
 from minidist.grader.plugin import Run
 from minidist.nn import Parameter
 from minidist.parallel import fsdp
-from minidist.parallel.tp_formulas import ring_all_gather_sent
+from minidist.plan.collectives import ring_all_gather_sent
 from minidist.parallel.zero import Group
 
 REFUSE = "use ring_all_gather(comm, group.shard) from minidist.comm: this exercise gathers on the ring"
