@@ -1,28 +1,37 @@
-"""The hand-written ring all-reduce beside MPI's own, in the table nccl-tests prints.
+"""The hand-written all-reduces beside MPI's own, in the table nccl-tests prints.
 
-    mpirun -n 4 python -m minidist.bench collectives
-    mpirun -n 8 python -m minidist.bench collectives --min-bytes 1M --max-bytes 16M --iters 20
+    mpirun -n 4 python -m minidist.bench collectives --calibrate   # once: alpha, beta, gamma
+    mpirun -n 4 python -m minidist.bench collectives -b 8 -e 64M -f 8 --json rows.json
+    mpirun -n 4 python -m minidist.bench collectives -f 2 --crossovers   # all three, measured
 
 For each size M from --min-bytes to --max-bytes (times --factor): count and type of the
-elements, the time of one all-reduce (median over --iters calls of the slowest rank's
-time, after --warmup calls), algbw = M / time and busbw = algbw * 2(N-1)/N as
-nccl-tests defines them (NVIDIA/nccl-tests doc/PERFORMANCE.md), first for
-minidist.comm.ring_all_reduce (check=False: the algorithm alone, without the small
-shape-agreement message), then for MPI's own Allreduce, and the ratio ring / MPI.
-The two are called in turn on every iteration, so a noisy neighbour slows both alike.
+elements, then the time of one all-reduce (median over --iters calls of the slowest rank's
+time, after --warmup calls) and busbw = M / time x 2(N-1)/N as nccl-tests defines it
+(NVIDIA/nccl-tests doc/PERFORMANCE.md), for minidist's ring, for all_reduce(algorithm=
+"auto") with the algorithm it picked, and for MPI's own Allreduce; then ring / MPI and
+auto / MPI. The hand-written ones run with check=False: the algorithm alone, without the
+small shape-agreement message. All are called in turn on every iteration, so a noisy
+neighbour slows them alike.
 
-Expect the ring to lose at small sizes (2(N-1) messages, each paying the latency) and
-to come close to MPI, or beat it, at large ones (docs/reference.md#the-alpha-beta-cost-model).
+auto picks by the alpha-beta model (minidist/comm/tuning.py) with the constants that
+--calibrate measured and stored, or round defaults when none are stored; the header names
+which, and the sizes where the model's choice changes. --crossovers also times recursive
+doubling and Rabenseifner alone and prints where each pair's faster one changes, measured
+beside the model's prediction.
 """
 import argparse
+import json
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import mpi_all_reduce, ring_all_reduce
+from minidist.comm import all_reduce, mpi_all_reduce, ring_all_reduce, tuning
+from minidist.lessons import harness
+from minidist.plan.collectives import BUS_FACTOR
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+SHORT = {"ring": "ring", "recursive_doubling": "rdbl", "rabenseifner": "rabn"}
 
 
 def parse_bytes(text):
@@ -42,66 +51,124 @@ def human(n):
         n /= 1024
 
 
-def time_both(comm, x, iters, warmup):
-    """Median of the slowest rank's time for the ring and for MPI, called in turn."""
-    calls = {"ring": lambda: ring_all_reduce(comm, x, check=False), "mpi": lambda: mpi_all_reduce(comm, x)}
-    times = {k: [] for k in calls}
-    for i in range(warmup + iters):
-        for name, call in calls.items():
-            comm.Barrier()
-            t0 = MPI.Wtime()
-            call()
-            t = np.array([MPI.Wtime() - t0])
-            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)     # a collective ends with its slowest rank
-            if i >= warmup:
-                times[name].append(t[0])
-    return {k: float(np.median(v)) for k, v in times.items()}
+def sizes(lo, hi, factor):
+    out = []
+    while lo <= hi:
+        out.append(lo)
+        lo *= factor
+    return out
+
+
+def print_crossovers(say, n, constants, sizes_, times):
+    """Each pair's crossover, the model's (from constants) beside the measured (from times)."""
+    from minidist.plan.collectives import crossover
+    a, b, g = constants["alpha"], constants["beta"], constants["gamma"]
+    say("# crossovers, pair by pair: below M the first is faster, above it the second")
+    for lo, hi in tuning.PAIRS:
+        model = crossover(lo, hi, n, a, b, g)
+        seen = tuning.measured_crossover(sizes_, times[lo], times[hi])
+        say(f"#   {lo} -> {hi}: model {tuning.describe(model)}, measured {tuning.describe(seen)}"
+            f"{tuning.ratio_words(model, seen)}")
+
+
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], steps=None, dtype="float32")
+    p.prog = "python -m minidist.bench collectives"
+    p.add_argument("--min-bytes", "-b", type=parse_bytes, default=8, help="smallest message (default 8)")
+    p.add_argument("--max-bytes", "-e", type=parse_bytes, default=64 * 2**20, help="largest (default 64M)")
+    p.add_argument("--factor", "-f", type=harness.positive_int, default=2,
+                   help="size multiplier between rows, 2 or more (default 2)")
+    p.add_argument("--iters", "-n", type=harness.positive_int, default=10, help="timed calls per size")
+    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=2, help="untimed calls first")
+    p.add_argument("--calibrate", action="store_true",
+                   help=f"measure alpha, beta, gamma, store them ({tuning.ENV} or the cache dir), stop")
+    p.add_argument("--crossovers", action="store_true",
+                   help="also time recursive doubling and Rabenseifner; print measured crossovers")
+    return p
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minidist.bench collectives", description=__doc__.split("\n\n")[0])
-    p.add_argument("--min-bytes", "-b", type=parse_bytes, default=8, help="smallest message (default 8)")
-    p.add_argument("--max-bytes", "-e", type=parse_bytes, default=64 * 2**20, help="largest (default 64M)")
-    p.add_argument("--factor", "-f", type=int, default=2, help="size multiplier between rows (default 2)")
-    p.add_argument("--iters", "-n", type=int, default=10, help="timed calls per size (default 10)")
-    p.add_argument("--warmup", "-w", type=int, default=2, help="untimed calls first (default 2)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p = build_parser()
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    dtype = np.dtype(args.dtype)
+    if args.factor < 2 or args.min_bytes < 1 or args.max_bytes < args.min_bytes:
+        p.error("need --factor >= 2 and 1 <= --min-bytes <= --max-bytes")
+    if args.calibrate and n < 2:
+        p.error("--calibrate needs two ranks or more (it times messages between them)")
+    problem = comm.bcast(harness.json_problem(args.json) if args.json and rank == 0 else None)
+    if problem:
+        p.error(problem)
     say = print if rank == 0 else (lambda *a, **k: None)
-    if args.factor < 2 or args.iters < 1 or args.min_bytes < 1 or args.max_bytes < args.min_bytes:
-        say("error: need --factor >= 2, --iters >= 1 and 1 <= --min-bytes <= --max-bytes", file=sys.stderr)
-        return 2
+    if args.calibrate:
+        return calibrate(comm, say)
 
-    busf = 2 * (n - 1) / n
-    say(f"# all-reduce (sum), {n} ranks: minidist ring (Sendrecv of chunks) vs MPI's own Allreduce "
+    plan = tuning.agreed(comm)
+    dtype = np.dtype(args.dtype)
+    busf = BUS_FACTOR["all_reduce"](n)
+    say(f"# all-reduce (sum), {n} ranks: minidist ring, minidist auto, MPI's own Allreduce "
         f"({MPI.Get_library_version().splitlines()[0].strip()})")
     say(f"# time: median of {args.iters} calls (slowest rank) after {args.warmup} warm-up; "
-        f"algbw = size / time; busbw = algbw x 2(N-1)/N = algbw x {busf:.3f}")
-    say("#")
-    say(f"# {'':>10} {'':>10} {'':>7} {'--------- minidist ring ---------':>34} "
-        f"{'-------- MPI Allreduce ---------':>34}")
-    say(f"# {'size':>10} {'count':>10} {'type':>7} {'time(us)':>10} {'algbw':>11} {'busbw':>11} "
-        f"{'time(us)':>10} {'algbw':>11} {'busbw':>11} {'ring/MPI':>9}")
-    say(f"# {'(B)':>10} {'(elements)':>10} {'':>7} {'':>10} {'(GB/s)':>11} {'(GB/s)':>11} "
-        f"{'':>10} {'(GB/s)':>11} {'(GB/s)':>11} {'time':>9}")
-    size = args.min_bytes
-    rng = np.random.default_rng(rank)
-    while size <= args.max_bytes:
+        f"busbw = size / time x 2(N-1)/N = x {busf:.3f}")
+    say(f"# auto: {tuning.plan_words(plan)}")
+    say(f"#   alpha {plan['alpha'] * 1e6:.2f} us, beta {plan['beta'] * 1e9:.4f} ns/B, "
+        f"gamma {plan['gamma'] * 1e9:.4f} ns/B: {plan['source']}")
+    say("#   (rdbl = recursive doubling, rabn = Rabenseifner)")
+    say(f"# {'':>10} {'':>10} {'':>7} {'- minidist ring -':>16} {'--- minidist auto ---':>22} "
+        f"{'- MPI Allreduce -':>17} {'ring/MPI':>8} {'auto/MPI':>8}")
+    say(f"# {'size(B)':>10} {'count':>10} {'type':>7} {'time(us)':>9} {'busbw':>6} "
+        f"{'time(us)':>9} {'busbw':>6} {'algo':>5} {'time(us)':>9} {'busbw':>7} {'time':>8} {'time':>8}")
+    rng = np.random.default_rng([args.seed, rank])
+    rows, measured = [], []
+    for size in sizes(args.min_bytes, args.max_bytes, args.factor):
         count = max(1, size // dtype.itemsize)
         nbytes = count * dtype.itemsize
         x = rng.standard_normal(count).astype(dtype)
         iters = args.iters if nbytes < 2**25 else max(3, args.iters // 2)   # keep the 32M+ rows short
-        t = time_both(comm, x, iters, args.warmup)
-        cells = []
-        for name in ("ring", "mpi"):
-            algbw = nbytes / t[name] / 1e9
-            cells.append(f"{t[name] * 1e6:10.1f} {algbw:11.3f} {algbw * busf:11.3f}")
-        say(f"  {nbytes:>10} {count:>10} {dtype.name:>7} {cells[0]} {cells[1]} {t['ring'] / t['mpi']:9.2f}")
-        size *= args.factor
-    say("# ring/MPI below 1: the hand-written ring was faster.")
+        calls = {"ring": lambda: ring_all_reduce(comm, x, check=False),
+                 "auto": lambda: all_reduce(comm, x, algorithm="auto", check=False),
+                 "mpi": lambda: mpi_all_reduce(comm, x)}
+        if args.crossovers:
+            calls.update({k: (lambda k=k: all_reduce(comm, x, algorithm=k, check=False))
+                          for k in ("recursive_doubling", "rabenseifner")})
+        t = tuning.slowest_medians(comm, calls, iters, args.warmup)
+        picked = tuning.choose(comm, nbytes)
+        bw = {k: nbytes / t[k] / 1e9 * busf for k in t}
+        say(f"  {nbytes:>10} {count:>10} {dtype.name:>7} {t['ring'] * 1e6:9.1f} {bw['ring']:6.2f} "
+            f"{t['auto'] * 1e6:9.1f} {bw['auto']:6.2f} {SHORT[picked]:>5} {t['mpi'] * 1e6:9.1f} "
+            f"{bw['mpi']:7.2f} {t['ring'] / t['mpi']:8.2f} {t['auto'] / t['mpi']:8.2f}")
+        rows.append({"size_bytes": nbytes, "count": count, "dtype": dtype.name,
+                     "ring_us": t["ring"] * 1e6, "auto_us": t["auto"] * 1e6, "mpi_us": t["mpi"] * 1e6,
+                     "auto_algorithm": picked,
+                     **{f"{k}_us": t[k] * 1e6 for k in ("recursive_doubling", "rabenseifner") if k in t}})
+        measured.append(t)
+    say("# ring/MPI or auto/MPI below 1: the hand-written one was faster.")
+    if args.crossovers:
+        times = {k: [t[k] for t in measured] for k in tuning.ALGORITHMS}
+        print_crossovers(say, n, plan, [r["size_bytes"] for r in rows], times)
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"world_size": n, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                       "constants": {k: plan[k] for k in ("alpha", "beta", "gamma", "source")},
+                       "auto_plan": plan["plan"], "rows": rows}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+def calibrate(comm, say):
+    """Measure alpha, beta, gamma here; rank 0 stores them; print them and the model's plan."""
+    n = comm.Get_size()
+    constants = tuning.calibrate(comm)
+    where = tuning.save(constants, n, MPI.Get_library_version().splitlines()[0].strip()) \
+        if comm.Get_rank() == 0 else None
+    comm.Barrier()                      # stored before any rank reads it
+    say(f"calibrated on {n} ranks: alpha {constants['alpha'] * 1e6:.2f} us per message, "
+        f"beta {constants['beta'] * 1e9:.4f} ns per byte, gamma {constants['gamma'] * 1e9:.4f} ns per byte")
+    say(f"stored in {where}")
+    from minidist.plan.collectives import cheapest, crossovers
+    a, b, g = constants["alpha"], constants["beta"], constants["gamma"]
+    plan = {"plan": [(0, cheapest(0, n, a, b, g))] + [(m, hi) for m, _, hi in crossovers(n, a, b, g)]}
+    say(f"auto at {n} ranks: {tuning.plan_words(plan)}")
     return 0
 
 

@@ -131,7 +131,8 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
             lo, hi, distance, rounds = 0, p2, 1, []
             while distance < p2:
                 partner, mid = real(vrank ^ distance), (lo + hi) // 2
-                keep, give = ((lo, mid), (mid, hi)) if vrank & distance == 0 else ((mid, hi), (lo, mid))
+                lower, upper = (lo, mid), (mid, hi)
+                keep, give = (lower, upper) if vrank & distance == 0 else (upper, lower)
                 mine, got = acc[b[keep[0]]:b[keep[1]]], incoming[:b[keep[1]] - b[keep[0]]]
                 # give away my piece of the other half, take the partner's piece of mine, add it
                 sendrecv(comm, acc[b[give[0]]:b[give[1]]], partner, got, partner, TAG_HALVING)

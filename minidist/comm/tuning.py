@@ -1,15 +1,15 @@
-"""all_reduce(algorithm="auto"): the alpha-beta model picks ring, Rabenseifner or recursive doubling.
+"""all_reduce(algorithm="auto"): the alpha-beta model picks ring, Rabenseifner or rec. doubling.
 
-    mpirun -n 4 python -m minidist.bench collectives --calibrate   # measure alpha, beta, gamma; store
+    mpirun -n 4 python -m minidist.bench collectives --calibrate   # measure alpha, beta, gamma
     mpirun -n 4 python -m minidist.bench collectives               # ring, auto and MPI side by side
 
 The model (minidist/plan/collectives.py; Thakur, Rabenseifner and Gropp 2005) gives each
 algorithm's time as a line in the message size M; the cheapest line wins, and the sizes
 where the winner changes are the crossovers. Its three constants are this machine's:
 
-    alpha   seconds per message: one Sendrecv of 8 bytes, every rank exchanging with a
-            partner at once (as in every round of the three algorithms)
-    beta    seconds per byte sent: the same exchange of 4 MiB, less alpha, per byte
+    alpha   seconds per message: one more Sendrecv of 8 bytes in a call, every rank
+            sending and receiving at once (as in every round of the three algorithms)
+    beta    seconds per byte sent: one Sendrecv of 4 MiB against one of 8 bytes, per byte
     gamma   seconds per byte reduced: numpy.add of two 4 MiB float32 arrays, per byte
 
 `calibrate` measures them; the bench's --calibrate stores them as JSON, one entry per world
@@ -86,7 +86,7 @@ def save(constants, world_size, library=""):
     return p
 
 
-# ----------------------------------------------------------------------------- agreed per communicator
+# ------------------------------------------------------------------------- agreed per communicator
 
 def agreed(comm):
     """{"alpha", "beta", "gamma", "source", "plan"}: rank 0's constants, the same on every rank
@@ -145,33 +145,109 @@ def choose(comm, nbytes):
 
 # ----------------------------------------------------------------------------- measuring them
 
-def calibrate(comm, big=2**22, repeats=5):
-    """alpha, beta, gamma measured here (see the docstring), the same on every rank: each
-    is the median over `repeats` of the slowest rank's time. Needs two ranks or more."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    partner = rank ^ 1 if (rank ^ 1) < size else None        # pairs (0,1), (2,3), ... at once
+def calibrate(comm, big=2**22, repeats=9, steps=8):
+    """alpha, beta, gamma measured here, the same on every rank. A sample is timed as the
+    collectives are: a barrier, then k ring steps (every rank sends to its right and
+    receives from its left at once, one Sendrecv), until the slowest rank is done; each
+    figure is a median over `repeats` samples. Whatever a call costs besides its messages
+    (waking up after the barrier, reading the clock) is in every sample alike, so it
+    cancels in the differences:
 
-    def slowest(fn, count):
+        alpha = (t(k steps of 8 B) - t(1 step of 8 B)) / (k - 1)
+        beta  = (t(1 step of big bytes) - t(1 step of 8 B)) / big
+        gamma = t(numpy.add of two float32 arrays of big bytes, every rank at once) / big
+
+    Needs two ranks or more.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    def slowest(fn):
         times = []
         for _ in range(repeats):
             comm.Barrier()
             t0 = MPI.Wtime()
-            for _ in range(count):
-                fn()
-            t = np.array([(MPI.Wtime() - t0) / count])
+            fn()
+            t = np.array([MPI.Wtime() - t0])
             comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
             times.append(t[0])
         return float(np.median(times))
 
-    def exchange(nbytes, count):
+    def ring_steps(nbytes, k):
         send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-        if partner is None:
-            return slowest(lambda: None, count)
-        return slowest(lambda: comm.Sendrecv(send, partner, TAG_CALIBRATE, recv, partner,
-                                             TAG_CALIBRATE), count)
 
-    alpha = exchange(8, 200)
-    beta = max(exchange(big, 4) - alpha, 0.0) / big
+        def run():
+            for _ in range(k):
+                comm.Sendrecv(send, right, TAG_CALIBRATE, recv, left, TAG_CALIBRATE)
+        return slowest(run)
+
+    one = ring_steps(8, 1)
+    alpha = max(ring_steps(8, steps) - one, 0.0) / (steps - 1)
+    beta = max(ring_steps(big, 1) - one, 0.0) / big
     a, b = np.ones(big // 4, np.float32), np.ones(big // 4, np.float32)
-    gamma = slowest(lambda: np.add(a, b, out=a), 4) / big
+    gamma = slowest(lambda: np.add(a, b, out=a)) / big
     return {"alpha": alpha, "beta": beta, "gamma": gamma}
+
+
+def slowest_medians(comm, calls, iters, warmup=0):
+    """{name: median over iters of the slowest rank's time for one call}, the calls made in
+    turn on every iteration, so a noisy neighbour slows them alike."""
+    times = {k: [] for k in calls}
+    for i in range(warmup + iters):
+        for name, call in calls.items():
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            call()
+            t = np.array([MPI.Wtime() - t0])
+            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)     # a collective ends with its slowest rank
+            if i >= warmup:
+                times[name].append(t[0])
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+# ----------------------------------------------------------------------------- crossovers, in words
+
+ALGORITHMS = ("recursive_doubling", "rabenseifner", "ring")
+# (faster for small messages, faster for large ones), the model's expectation
+PAIRS = (("recursive_doubling", "rabenseifner"), ("recursive_doubling", "ring"),
+         ("rabenseifner", "ring"))
+
+
+def measured_crossover(sizes, t_small, t_large):
+    """Where t_large becomes and stays the faster: the last switch from t_small faster to
+    t_large faster, placed between the two sizes where the time difference, a line in M
+    between them, is zero. None when t_large is faster at every size or not at the largest."""
+    faster = [b < a for a, b in zip(t_small, t_large)]
+    if not faster or not faster[-1] or all(faster):
+        return None
+    i = max(k for k in range(len(faster)) if not faster[k]) + 1     # first of the last run
+    d0, d1 = t_small[i - 1] - t_large[i - 1], t_small[i] - t_large[i]   # <= 0, > 0
+    return sizes[i - 1] + (sizes[i] - sizes[i - 1]) * (-d0) / (d1 - d0)
+
+
+def describe(m):
+    """A crossover in words: '12.3 KiB', or 'none' for None."""
+    if m is None:
+        return "none"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if m < 1024 or unit == "GiB":
+            return f"{m:.3g} {unit}"
+        m /= 1024
+
+
+def ratio_words(model, measured):
+    """' (model / measured = 1.4)', or '' when either is missing."""
+    if model is None or measured is None:
+        return ""
+    return f" (model / measured = {model / measured:.2f})"
+
+
+def plan_words(plan):
+    """'recursive_doubling below 9.5 KiB, rabenseifner from there': the model's choice by M."""
+    steps = plan["plan"]
+    if len(steps) == 1:
+        return f"{steps[0][1]} at every size"
+    words = [f"{steps[0][1]} below {describe(steps[1][0])}"]
+    for (m, name), nxt in zip(steps[1:], steps[2:] + [None]):
+        words.append(f"{name} up to {describe(nxt[0])}" if nxt else f"{name} from there on")
+    return ", ".join(words)

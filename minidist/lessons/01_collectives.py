@@ -21,11 +21,13 @@ import re
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import (all_to_all, broadcast, chunk_bounds, mpi_all_reduce, naive_all_reduce,
-                           recursive_doubling_all_reduce, reduce, ring_all_gather, ring_all_reduce,
-                           ring_reduce_scatter, stats)
+from minidist.comm import (all_reduce, all_to_all, broadcast, chunk_bounds, mpi_all_reduce, naive_all_reduce,
+                           rabenseifner_all_reduce, recursive_doubling_all_reduce, reduce,
+                           ring_all_gather, ring_all_reduce, ring_reduce_scatter, stats, tuning)
 from minidist.lessons import harness
 from minidist.lessons.harness import fmt_bytes, say
+from minidist.plan.collectives import (ALL_REDUCE_TIMES, BUS_FACTOR, crossover, formulas,
+                                       power_of_two_below)
 
 # float32 sums of N numbers in another order differ by a few 1e-7 of the largest value;
 # float64 by a few 1e-16. The bounds leave a margin of 10-100 and still catch a wrong chunk.
@@ -96,28 +98,6 @@ def key(label):
     return name if how in ("ring", "linear", "pairwise") else f"{name}_{how}"
 
 
-def formulas(n, m):
-    """Bytes the busiest rank sends in one call (m bytes, n ranks; docs/reference.md#collectives)."""
-    p2 = 1 << (n.bit_length() - 1)
-    m = int(m)                  # m divides by n here, so every formula is a whole number
-    return {
-        "all_reduce (ring)": 2 * (n - 1) * m // n,
-        "all_reduce (naive)": (n - 1) * m,                       # rank 0 broadcasts to n-1 ranks
-        "all_reduce (recursive doubling)": (int(math.log2(p2)) + (n != p2)) * m,
-        "reduce_scatter (ring)": (n - 1) * m // n,
-        "all_gather (ring)": (n - 1) * m // n,
-        "broadcast (linear)": (n - 1) * m,
-        "reduce (linear)": m if n > 1 else 0,
-        "all_to_all (pairwise)": (n - 1) * m // n,
-        "all_reduce (MPI's own)": None,                          # MPI does not tell
-    }
-
-
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
-
-
 def cases(comm, x):
     """(label, run, single-process answer from all ranks' inputs) for every collective."""
     n, r = comm.Get_size(), comm.Get_rank()
@@ -125,6 +105,8 @@ def cases(comm, x):
         ("all_reduce (ring)", lambda a: ring_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
         ("all_reduce (naive)", lambda a: naive_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
         ("all_reduce (recursive doubling)", lambda a: recursive_doubling_all_reduce(comm, a[r]),
+         lambda a: np.sum(a, 0)),
+        ("all_reduce (rabenseifner)", lambda a: rabenseifner_all_reduce(comm, a[r]),
          lambda a: np.sum(a, 0)),
         ("all_reduce (MPI's own)", lambda a: mpi_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
         ("reduce_scatter (ring)", lambda a: ring_reduce_scatter(comm, a[r]),
@@ -221,8 +203,9 @@ def main(args):
     harness.table([[k, f"{v:.1e}", "ok" if v <= TOLERANCE[dtype.name] else "WRONG"] for k, v in errors.items()],
                   header=["collective", "max_rel_diff", ""])
 
-    # 2. how much and how fast: one call each on M bytes (M divisible by N: formulas exact)
-    count = max(n, int(args.size_mib * 2**20 / dtype.itemsize) // n * n)
+    # 2. how much and how fast: one call each on M bytes (M divisible by N and P: formulas exact)
+    unit = math.lcm(n, power_of_two_below(n))
+    count = max(unit, int(args.size_mib * 2**20 / dtype.itemsize) // unit * unit)
     big = all_inputs(n, count, dtype, args.seed + 1)
     M = count * dtype.itemsize
     expect = formulas(n, M)
@@ -251,18 +234,19 @@ def main(args):
     say(f"    its algorithm is {mpi_library()}'s choice for this size, not necessarily a ring")
     say("    (docs/reference.md#the-alpha-beta-cost-model).")
 
-    # 3. the alpha-beta model with this machine's alpha and beta
-    alpha_beta(comm, n, M, args.repeats)
+    # 3. the alpha-beta model with this machine's alpha, beta and gamma: which algorithm when
+    figures = alpha_beta(comm, n, M, args.repeats)
 
     tol = TOLERANCE[dtype.name]
     worst = max(errors.values())
     bytes_ok = all(measured[k] == expect[k] for k in measured if measured[k] is not None)
-    say(f"\nmeasured bytes {'equal' if bytes_ok else 'DIFFER FROM'} the formulas (M divides by N)")
+    say(f"\nmeasured bytes {'equal' if bytes_ok else 'DIFFER FROM'} the formulas (M divides by N and P)")
     report = harness.new_report(
         "01_collectives", args, steps=None,
         match=bool(worst <= tol and bytes_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
         comm={"bytes_sent": {key(k): v for k, v in measured.items() if v is not None},
-              "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}})
+              "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}},
+        figures=figures)
     return harness.finish(report, args)
 
 
@@ -273,52 +257,77 @@ def mpi_library():
     return f"{m.group(1)} {m.group(2)}" if m else (text.split(",")[0].strip() or "this MPI")
 
 
+SHORT = {"ring": "ring", "rabenseifner": "Rabenseifner", "recursive_doubling": "rec. doubling"}
+TINY = {"ring": "ring", "rabenseifner": "Raben.", "recursive_doubling": "rec.dbl"}
+
+
 def alpha_beta(comm, n, M, repeats):
-    """Measure alpha (per message) and beta (per byte) by ping-pong, then predict."""
+    """The three all-reduces' costs by the alpha-beta model, with alpha, beta and gamma
+    measured now (minidist.comm.tuning.calibrate), beside their measured times from 8 B
+    to M; then, pair by pair, the size where the faster one changes: the model's and the
+    measured. Returns the figures for the report."""
     if n < 2:
         say("\n(alpha-beta model: needs two ranks)")
-        return
-    rank = comm.Get_rank()
-
-    def pingpong(nbytes):
-        buf = np.zeros(nbytes, np.uint8)
-        def once():
-            if rank == 0:
-                comm.Send(buf, 1, 9)
-                comm.Recv(buf, 1, 9)
-            elif rank == 1:
-                comm.Recv(buf, 0, 9)
-                comm.Send(buf, 0, 9)
-        return timed(comm, once, max(repeats, 5)) / 2               # one way
-    alpha = pingpong(8)
-    beta = max(pingpong(M) - alpha, 1e-12) / M
-    lg = math.ceil(math.log2(n))
-    model = {"ring": lambda m: 2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta,
-             "recursive doubling": lambda m: lg * (alpha + m * beta),
-             "naive": lambda m: 2 * (n - 1) * (alpha + m * beta)}
-    say(f"\nalpha-beta model (the costs MPICH's source gives its algorithms; this job runs {mpi_library()};")
-    say("docs/reference.md#the-alpha-beta-cost-model),")
-    say("measured here by ping-pong:")
-    say(f"  alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
-        f"({1 / beta / 1e9:.2f} GB/s)")
-    say(f"  ring 2(N-1)a + 2(N-1)/N Mb;  recursive doubling lg N (a + Mb);  naive ~2(N-1)(a + Mb)")
+        return None
+    c = tuning.calibrate(comm, big=max(M, 2**16), repeats=max(repeats, 5))
+    a, b, g = c["alpha"], c["beta"], c["gamma"]
+    p2, lg = power_of_two_below(n), power_of_two_below(n).bit_length() - 1
+    say(f"\nalpha-beta model, N = {n}, P = {p2} (Thakur, Rabenseifner and Gropp 2005;")
+    say("docs/reference.md#the-alpha-beta-cost-model): a per message, b per byte sent, g per byte added")
+    say(f"  ring           2(N-1) a + 2(N-1)/N M b + (N-1)/N M g  = {2 * (n - 1)} a + "
+        f"{2 * (n - 1) / n:.2f} M b + {(n - 1) / n:.2f} M g")
+    say(f"  Rabenseifner   2 lg P a + 2(P-1)/P M b + (P-1)/P M g  = {2 * lg} a + "
+        f"{2 * (p2 - 1) / p2:.2f} M b + {(p2 - 1) / p2:.2f} M g")
+    say(f"  rec. doubling  lg P (a + M b + M g)                   = {lg} (a + M b + M g)")
+    if n != p2:
+        say(f"  and both of the last two fold {n - p2} rank{'s' * (n - p2 > 1)} in first and out at the end:"
+            " + 2 a + 2 M b + M g")
+    say(f"  measured here: a = {a * 1e6:.1f} us per message (one more Sendrecv of 8 B in a call, "
+        f"all ranks),")
+    say(f"  b = {b * 1e9:.3f} ns per byte sent ({1 / max(b, 1e-30) / 1e9:.2f} GB/s), g = {g * 1e9:.3f} "
+        f"ns per byte added ({1 / max(g, 1e-30) / 1e9:.2f} GB/s)")
+    sizes = [m for m in (8 * 4 ** k for k in range(20)) if m < M] + [M]
+    names = ("ring", "rabenseifner", "recursive_doubling")
+    times = {k: [] for k in names}
     rows = []
-    for m in (8, 64 * 1024, M):
+    for m in sizes:
         x = np.ones(max(1, m // 4), np.float32)
-        got = {"ring": timed(comm, lambda: ring_all_reduce(comm, x, check=False), repeats),
-               "recursive doubling": timed(comm, lambda: recursive_doubling_all_reduce(comm, x, check=False),
-                                           repeats),
-               "naive": timed(comm, lambda: naive_all_reduce(comm, x, check=False), repeats)}
-        rows.append([fmt_bytes(x.nbytes)] + [f"{model[k](x.nbytes) * 1e3:.3f} / {got[k] * 1e3:.3f}"
-                                             for k in ("ring", "recursive doubling", "naive")])
-    harness.table(rows, header=["M", "ring ms (model / measured)", "rec. doubling", "naive"])
-    say(f"  Tiny M: time is messages x alpha; the ring sends 2(N-1) = {2 * (n - 1)}, recursive doubling "
-        f"{lg}: the ring loses.")
-    say("  Large M: time is bytes x beta; the ring sends 2(N-1)/N M < 2M whatever N, recursive doubling")
-    say(f"  lg N x M = {lg} M, naive's rank 0 (N-1) M each way: the ring wins, more so as N grows.")
+        got = tuning.slowest_medians(comm, {k: (lambda k=k: _run(k, comm, x)) for k in names},
+                                     repeats)
+        model = {k: ALL_REDUCE_TIMES[k](x.nbytes, n, a, b, g) for k in names}
+        for k in names:
+            times[k].append(got[k])
+        best = lambda t: TINY[min(t, key=t.get)]
+        rows.append([fmt_bytes(x.nbytes)] + [f"{model[k] * 1e3:.3f} / {got[k] * 1e3:.3f}" for k in names]
+                    + [f"{best(model)} / {best(got)}"])
+    harness.table(rows, header=["M", "ring ms (model / measured)", "Rabenseifner", "rec. doubling",
+                                "fastest (model / measured)"])
+    say("  crossovers: below M the first is faster, above it the second")
+    cross, agree = {}, []
+    rows = []
+    for lo, hi in tuning.PAIRS:
+        model, seen = crossover(lo, hi, n, a, b, g), tuning.measured_crossover(sizes, times[lo], times[hi])
+        ratio = model / seen if model is not None and seen is not None else None
+        if model is not None or seen is not None:
+            agree.append(ratio is not None and 0.5 <= ratio <= 2)
+        cross[f"{lo}->{hi}"] = {"model_bytes": model, "measured_bytes": seen}
+        rows.append([f"{SHORT[lo]} -> {SHORT[hi]}", tuning.describe(model), tuning.describe(seen),
+                     "-" if ratio is None else f"{ratio:.2f}"])
+    harness.table(rows, header=["pair", "model", f"measured (8 B to {fmt_bytes(M)})", "model/measured"])
+    plan = tuning.agreed(comm)
+    say(f"  algorithm='auto' picks: {tuning.plan_words(plan)}")
+    say(f"    (constants: {plan['source']})")
+    say(f"verdict: the model's crossover is within 2x of the measured one for {sum(agree)} of "
+        f"{len(agree)} pairs.")
     if n > (os.cpu_count() or n):
         say(f"  Here {n} ranks share {os.cpu_count()} cores: ranks take turns on the CPU, so every message")
-        say("  also waits for its receiver to be scheduled, and measured times sit far above the model.")
+        say("  also waits for its receiver to be scheduled: measured times are noisy and sit above the model.")
+    return {"alpha_s": a, "beta_s_per_byte": b, "gamma_s_per_byte": g, "crossovers": cross}
+
+
+def _run(name, comm, x):
+    """One all-reduce by name, without the agreement check: the algorithm alone."""
+    return all_reduce(comm, x, algorithm=name, check=False)
 
 
 def build_parser():

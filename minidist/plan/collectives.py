@@ -181,7 +181,8 @@ def crossovers(size, alpha, beta, gamma=0.0):
     """[(M, faster below, faster above)]: where the model's cheapest algorithm changes, by M."""
     out, m, best = [], 0.0, cheapest(0, size, alpha, beta, gamma)
     while True:
-        nxt = [(crossover(best, o, size, alpha, beta, gamma), o) for o in ALL_REDUCE_TIMES if o != best]
+        nxt = [(crossover(best, o, size, alpha, beta, gamma), o)
+               for o in ALL_REDUCE_TIMES if o != best]
         nxt = [(x, o) for x, o in nxt if x is not None and x > m]
         if not nxt:
             return out
@@ -190,7 +191,7 @@ def crossovers(size, alpha, beta, gamma=0.0):
         best = other
 
 
-# ----------------------------------------------------------------------------- what lesson 01 prints
+# ------------------------------------------------------------------------- what lesson 01 prints
 
 def formulas(n, m):
     """Bytes the busiest rank sends in one call of each of lesson 01's collectives (m bytes,
