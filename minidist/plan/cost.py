@@ -140,7 +140,8 @@ def legal(model, cluster, layout):
         return f"tp {t} does not divide the {model.heads} heads ({model.kv} key/value heads)"
     layers = stage_layers(model.layers, p)
     if layers is None:
-        return f"pp {p} does not divide the {model.layers} layers (nor {model.layers} + 2)"
+        return (f"pp {p} does not divide the {model.layers} layers (nor {model.layers + 2}, Llama 3's "
+                "layout with one layer fewer on each end stage)")
     if model.global_batch % (d * b):
         return f"dp x micro-batch = {d} x {b} does not divide the global batch {model.global_batch}"
     m = model.global_batch // (d * b)
@@ -300,7 +301,9 @@ def estimate(model, cluster, layout):
             dp_s = m * max(0.0, rs - bwd) + ag
         else:                                      # gathered for forward and backward, each micro-batch
             dp_s = m * max(0.0, 2 * ag + rs - comp_mb)
-    note("exposed DP", "gradient reduction less the last backward (s)", dp_s)
+    note("exposed DP", ("all-reduce less the last backward (s)", "reduce-scatter less the last backward"
+                        " + all-gather (s)", "m x (reduce-scatter less a backward) + all-gather (s)",
+                        "m x (2 gathers + reduce-scatter less a micro-batch) (s)")[lay.zero], dp_s)
 
     # -- the optimizer step: Adam reads and writes its state, bound by HBM
     k_item = ACCOUNTING[lay.precision][2]
@@ -342,8 +345,15 @@ def estimate(model, cluster, layout):
 
 
 def describe(est):
-    """One line per step of the arithmetic (--explain)."""
-    out = []
-    for q, formula, value in est.lines:
-        out.append(f"  {q:<30}{value:>12.4g}  {formula}")
-    return out
+    """The arithmetic of one estimate, one line per quantity: its name, its value, the
+    formula in words (--explain); at most 100 columns."""
+    lines = list(est.lines) + [
+        ("model FLOPs per step", "3 x (layers + logits) forward FLOPs, plan.flops", est.model_flops),
+        ("hardware FLOPs per step", "model FLOPs + the recomputed ones", est.hardware_flops),
+        ("TFLOP/s per GPU, model", "model FLOPs / step / GPUs / 1e12", est.tflops_per_gpu_model),
+        ("TFLOP/s per GPU, hardware", "hardware FLOPs / step / GPUs / 1e12", est.tflops_per_gpu_hardware),
+        ("MFU", "model FLOP/s per GPU / dense peak", est.mfu),
+        ("HFU", "hardware FLOP/s per GPU / dense peak", est.hfu),
+        ("tokens per second", "global batch x sequence / step", est.tokens_per_s)]
+    lines += [(f"memory: {k}", "bytes on the fullest GPU, plan.memory", v) for k, v in est.memory.items()]
+    return [f"  {q:<27}{value:>11.4g}  {formula}" for q, formula, value in lines]

@@ -1,0 +1,179 @@
+"""The planner (minidist/plan/cluster.py, cost.py, search.py, published.py, __main__.py): the
+legal-layout rules, bad input (one line, exit 2), the 70B search, the CLI's JSON, the
+fixed Llama 3 layout, and the published comparison recomputed from the model's parts."""
+import json
+
+import pytest
+
+from minidist.plan import flops
+from minidist.plan.__main__ import main
+from minidist.plan.cluster import GPUS, make_cluster
+from minidist.plan.collectives import ring_all_reduce_time
+from minidist.plan.cost import Layout, Model, estimate, legal, model_from_params, stage_layers
+from minidist.plan.memory import activation_layer_bytes, model_state_bytes
+from minidist.plan.pipeline import in_flight
+from minidist.plan.published import ROWS, compare
+from minidist.plan.search import layouts, search
+
+LLAMA = ["--gpus", "8192", "--gpu", "h100-sxm", "--tp", "8", "--pp", "16", "--layers", "126",
+         "--hidden", "16384", "--heads", "128", "--kv-heads", "8", "--ffn-hidden", "53248",
+         "--vocab", "128256", "--swiglu", "--seq", "8192", "--global-batch", "2048"]
+JSON_KEYS = {"tp", "pp", "dp", "micro_batch", "step_time_s", "tflops_per_gpu_model",
+             "tflops_per_gpu_hardware", "mfu", "hfu", "memory_bytes_per_gpu", "fits"}
+
+
+def run(capsys, argv):
+    code = main(argv)
+    return code, capsys.readouterr()
+
+
+def test_seed_70b_model_states_are_16_bytes_per_parameter():
+    states = model_state_bytes(70e9, 1, 0, "zero")
+    assert sum(states.values()) == 1.12e12, "70B at 2 + 2 + 12 bytes per parameter is 1.12 TB, not 560 GB"
+    assert sum(states.values()) > GPUS["h200"].memory_bytes
+
+
+def test_datasheet_peaks_are_dense():
+    assert GPUS["a100-80gb"].peak_flops == 312e12 and GPUS["h100-sxm"].peak_flops == 989e12
+    assert GPUS["h200"].memory_bytes == 141e9
+
+
+@pytest.mark.parametrize("layout, words", [
+    (Layout(4, 1, 8, 1), "tp x pp x dp"),
+    (Layout(3, 8, 1, 1), "does not divide the 64 heads"),
+    (Layout(8, 3, 1, 1), "does not divide the 80 layers"),
+    (Layout(8, 1, 3, 1), "global batch"),
+    (Layout(1, 24, 1, 1), "layers"),
+    (Layout(1, 4, 6, 1, sequence_parallel=True), "sequence parallelism needs tp > 1"),
+    (Layout(8, 1, 3, 1, chunks=2), "chunks"),
+])
+def test_legal_names_the_rule_broken(layout, words):
+    model = Model(80, 8192, 64, 51200, 4096, 1000 if words == "global batch" else 1536)
+    cluster = make_cluster("h100-sxm", 24)
+    why = legal(model, cluster, layout)
+    assert why is not None and words in why, why
+
+
+def test_llama3_stage_layout_and_pipeline_rules():
+    assert stage_layers(126, 16) == [7] + [8] * 14 + [7]       # one layer fewer at each end
+    assert stage_layers(80, 8) == [10] * 8 and stage_layers(80, 3) is None
+
+
+def test_search_space_is_legal_and_tp_stays_in_a_node():
+    model, cluster = model_from_params(70e9), make_cluster("h100-sxm", 1024)
+    seen = list(layouts(model, cluster))
+    assert seen and all(legal(model, cluster, lay) is None for lay in seen)
+    assert all(lay.tp <= 8 and lay.tp * lay.pp * lay.dp == 1024 for lay in seen)
+    assert {lay.tp for lay in seen} == {1, 2, 4, 8} and {lay.zero for lay in seen} == {0, 1, 2, 3}
+    assert all(model.layers % lay.pp == 0 and model.global_batch % (lay.dp * lay.micro_batch) == 0
+               for lay in seen)
+
+
+def test_70b_on_1024_h100_best_layouts_fit_with_tp_at_most_8():
+    model = model_from_params(70e9)
+    assert (model.hidden, model.heads, model.layers) == (8192, 64, 88)
+    best = search(model, make_cluster("h100-sxm", 1024), top=5)
+    assert len(best) == 5 and all(e.fits and e.layout.tp <= 8 for e in best)
+    assert [e.step_time_s for e in best] == sorted(e.step_time_s for e in best)
+
+
+def test_estimate_adds_up():
+    model = Model(80, 8192, 64, 51200, 4096, 512)
+    cluster = make_cluster("h100-sxm", 256)
+    lay = Layout(8, 4, 8, 1, chunks=2, zero=1, sequence_parallel=True, recompute="selective")
+    e = estimate(model, cluster, lay)
+    parts = e.compute_s + e.tp_s + e.bubble_s + e.pp_s + e.dp_s + e.optimizer_s
+    assert e.step_time_s == pytest.approx(parts, rel=1e-12)
+    assert e.mfu == pytest.approx(e.model_flops / (e.step_time_s * 256 * 989e12), rel=1e-12)
+    m = 512 // 8
+    keep = activation_layer_bytes(4096, 1, 8192, 64, 8, True, "selective")
+    first = float(in_flight(4, m, 2)) * 20 * keep
+    assert e.memory["activations"] == pytest.approx(first, rel=1e-12) or "logits" in e.memory
+
+
+def test_dp_reduce_overlaps_only_the_last_backward():
+    model = Model(24, 2304, 24, 51200, 2048, 512)
+    cluster = make_cluster("a100-80gb", 32)
+    e = estimate(model, cluster, Layout(1, 1, 32, 1, recompute="full", precision="zero"))
+    psi = model.params()
+    reduce_s = ring_all_reduce_time(psi * 2, 32, cluster.inter_alpha, 1 / cluster.inter_bw)
+    per_mb = e.compute_s / 16
+    backward = per_mb * 3 / 4                                   # full recompute: 1 + 2 of 4 passes
+    assert e.dp_s == pytest.approx(reduce_s - backward, rel=1e-9)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--params", "70e9", "--gpus", "1020"], "not a multiple of the node size"),
+    (["--params", "70e9", "--gpus", "1024", "--gpu", "v100"], "invalid choice"),
+    (["--params", "70e9", "--gpus", "1024", "--tp", "3"], "does not divide the 64 heads"),
+    (["--params", "70e9", "--gpus", "1024", "--tp", "8", "--pp", "3"], "does not divide the 1024 GPUs"),
+    (["--layers", "80", "--hidden", "8192", "--heads", "64", "--gpus", "24", "--tp", "8", "--pp", "3"],
+     "does not divide the 80 layers"),
+    (["--params", "70e9", "--gpus", "8", "--gpu", "a100-80gb"], "fits no layout"),
+    (["--gpus", "8"], "give --params or a shape"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    out = capsys.readouterr()
+    assert err.value.code == 2
+    assert out.err.count("\n") == 1 and words in out.err, out.err
+
+
+def test_json_lists_layouts_with_the_agreed_keys(capsys):
+    code, out = run(capsys, ["--params", "70e9", "--gpus", "1024", "--gpu", "h100-sxm", "--json"])
+    doc = json.loads(out.out)
+    assert code == 0 and len(doc["layouts"]) == 5
+    assert all(JSON_KEYS <= set(lay) for lay in doc["layouts"])
+    assert all(lay["tp"] <= 8 and lay["fits"] for lay in doc["layouts"])
+
+
+def test_fixed_llama3_layout_prints_that_one_layout(capsys):
+    code, out = run(capsys, LLAMA + ["--json"])
+    doc = json.loads(out.out)
+    assert code == 0 and len(doc["layouts"]) == 1
+    lay = doc["layouts"][0]
+    assert (lay["tp"], lay["pp"], lay["dp"]) == (8, 16, 64)
+    code, out = run(capsys, LLAMA + ["--explain"])
+    lines = out.out.splitlines()
+    assert code == 0 and max(map(len, lines)) <= 100
+    assert any("MFU" in line for line in lines) and any("bubble" in line for line in lines)
+
+
+def test_text_output_fits_100_columns(capsys):
+    code, out = run(capsys, ["--params", "70e9", "--gpus", "1024", "--explain"])
+    assert code == 0 and max(map(len, out.out.splitlines())) <= 100
+
+
+def test_published_rows_present_and_errors_come_from_predictions():
+    result = compare()
+    labels = [(r["source"][:11], r["label"]) for r in result["rows"]]
+    assert sum(s == "Korthikanti" for s, _ in labels) == 8
+    for size in ("1.7B", "18.4B", "145.6B", "1T"):
+        assert any(s == "Narayanan e" and lab.startswith(size + " ") for s, lab in labels), size
+    assert sum(s.startswith("Dubey") for s, _ in labels) == 2
+    for r in result["rows"]:
+        assert r["rel_error"] == r["predicted"] / r["published"] - 1
+    errs = [abs(r["rel_error"]) for r in result["rows"]]
+    assert result["mean_abs_error"] == sum(errs) / len(errs) and result["worst_abs_error"] == max(errs)
+
+
+def test_one_row_by_hand_narayanan_1t():
+    """Narayanan et al.'s 1T row: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs over the step the
+    model's parts add up to, per GPU, against 163 TFLOP/s."""
+    row = next(r for r in ROWS if r.source.startswith("Narayanan") and r.label.startswith("1T"))
+    B, s, L, h, V, n = 3072, 2048, 128, 25600, 51200, 3072
+    e = estimate(row.model, make_cluster("a100-80gb", n), row.layout)
+    step = e.compute_s + e.tp_s + e.bubble_s + e.pp_s + e.dp_s + e.optimizer_s
+    by_hand = 96 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (16 * L * h)) / step / n / 1e12
+    assert flops.step_flops(B, s, L, h, V, recompute="full")[1] == pytest.approx(by_hand * step * n * 1e12)
+    got = next(r for r in compare()["rows"] if r["label"] == row.label and r["source"] == row.source)
+    assert got["rel_error"] == pytest.approx(by_hand / 163 - 1, rel=1e-9)
+
+
+def test_efficiency_constants_are_their_anchor_rows():
+    """cluster.py's constants: A100 reproduces Korthikanti's 175B SP + selective row, H100
+    Llama 3's 8,192-GPU row (each within half a percent); every other row is a prediction."""
+    rows = {(r["source"][:5], r["label"]): r["rel_error"] for r in compare()["rows"]}
+    assert abs(rows[("Korth", "175B SP + selective")]) < 0.005
+    assert abs(rows[("Dubey", "405B on 8192")]) < 0.01
