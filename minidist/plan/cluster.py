@@ -17,7 +17,7 @@ Links, bytes per second per GPU in one direction (the ring's bottleneck):
   InfiniBand, one NIC per GPU: DGX A100 / Selene 8 x 200 Gb/s HDR -> 25 GB/s per GPU
   (Narayanan et al. 2021, section 5; DGX A100 user guide); DGX H100 8 x 400 Gb/s NDR ->
   50 GB/s per GPU (DGX H100 user guide); Llama 3's RoCE fabric is also 400 Gb/s per GPU
-  (Dubey et al. 2024, arXiv 2407.21783, section 3.3.1).
+  (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1).
 Latencies (alpha, seconds per message step) are this project's round figures, not a
 datasheet's: 5 us inside a node, 10 us across nodes (NCCL's per-step latencies are of
 that order; they matter only for small messages and long rings).

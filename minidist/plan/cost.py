@@ -119,7 +119,7 @@ class Layout:
 
 
 def stage_layers(L, p):
-    """Layers per pipeline stage: L/p each; or, Llama 3's layout (Dubey et al. 2024,
+    """Layers per pipeline stage: L/p each; or, Llama 3's layout (Grattafiori et al. 2024,
     section 3.3.2), one fewer on the first and last stage when p divides L + 2; else None."""
     if L % p == 0:
         return [L // p] * p

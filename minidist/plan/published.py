@@ -11,7 +11,7 @@ Each row is compared in the unit its paper reports, like with like:
                     96BsLh^2(1 + s/6h + V/16Lh) (Narayanan et al. 2021, arXiv 2104.04473,
                     Table 1, column "Achieved teraFLOP/s per GPU"; all rows use full
                     activation recomputation, section 5.1; A100 80GB on Selene)
-  mfu               model FLOPs utilisation (Dubey et al. 2024, arXiv 2407.21783, Llama 3,
+  mfu               model FLOPs utilisation (Grattafiori et al. 2024, arXiv 2407.21783, Llama 3,
                     Table 4, column "BF16 MFU"; H100 SXM, 8,192 and 16,384 GPUs)
 Details the tables do not give are said in each row's note: micro-batch size and
 interleaving for Korthikanti's rows are those of Calculon's validation inputs (Isaev et
@@ -27,7 +27,7 @@ from minidist.plan.cost import Layout, Model, estimate
 A100, H100 = "a100-80gb", "h100-sxm"
 K_SRC = "Korthikanti et al. 2022, Table 5"
 N_SRC = "Narayanan et al. 2021, Table 1"
-L_SRC = "Dubey et al. 2024 (Llama 3), Table 4"
+L_SRC = "Llama 3 (Grattafiori et al. 2024), Table 4"
 K_NOTE = "micro-batch and interleaving from Calculon's inputs, not confirmed in the paper"
 N_NOTE = "micro-batch 1 and no interleaving assumed: Table 1 gives neither"
 L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash attention assumed; DP is FSDP, "
@@ -119,11 +119,11 @@ UNITS = {"step_s": ("s", 1), "mfu": ("%", 100), "tflops_hardware": ("TF/s", 1), 
 
 def table(result):
     """The comparison as lines of at most 100 columns."""
-    lines = [f"{'source':<38}{'row':<26}{'predicted':>12}{'published':>12}{'error':>9}"]
+    lines = [f"{'source':<43}{'row':<21}{'predicted':>13}{'published':>13}{'error':>9}"]
     for r in result["rows"]:
         unit, k = UNITS[r["kind"]]
-        lines.append(f"{r['source']:<38}{r['label']:<26}{r['predicted'] * k:>8.2f} {unit:<3}"
-                     f"{r['published'] * k:>8.2f} {unit:<3}{100 * r['rel_error']:>+8.1f}%")
+        lines.append(f"{r['source']:<43}{r['label']:<21}{r['predicted'] * k:>8.2f} {unit:<4}"
+                     f"{r['published'] * k:>8.2f} {unit:<4}{100 * r['rel_error']:>+8.1f}%")
     lines.append(f"mean |error| {100 * result['mean_abs_error']:.1f}%, "
                  f"worst {100 * result['worst_abs_error']:.1f}% over {len(result['rows'])} rows")
     return lines
