@@ -4,7 +4,7 @@ Each policy trains the GPT (float64, dropout on, AdamW with clipping) and must g
 losses, the raw gradients of every step and the weights of the run without it, to 1e-12
 per tensor (they are in fact bit for bit equal: the rerun is the same arithmetic). The
 meter's peak over the blocks' forward and backward equals this engine's count for the
-policy (tp_formulas.recompute_peak_elements), and on a sweep of L it grows as L without
+policy (plan.memory.recompute_peak_elements), and on a sweep of L it grows as L without
 recomputation, as sqrt(L) with a checkpoint every sqrt(L) blocks. Planted bugs (masks
 not replayed, activations saved anyway) are caught.
 """

@@ -153,9 +153,9 @@ def main(args):
     got_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(slot.traffic)])
     want_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(want)])
     got_all, want_all = np.reshape(got_all, (world, len(GROUPS), 5)), np.reshape(want_all, (world, len(GROUPS), 5))
-    say("\nbytes each rank sent in one step, by group: measured / formula (tp_formulas.expected_bytes with the\n"
-        "stage's layers; b*s*h per micro-batch per boundary and the ring's count of wte's sum; the ring's\n"
-        "per-parameter all-reduce (lesson 02) or ZeRO's reduce-scatter + all-gather (lesson 05))")
+    say("\nbytes each rank sent in one step, by group: measured / formula (plan.traffic.parallel_3d_sent:\n"
+        "TP's count of the stage's layers; b*s*h per micro-batch per boundary and the ring's count of wte's\n"
+        "sum; the per-parameter all-reduce (lesson 02) or ZeRO's reduce-scatter + all-gather (lesson 05))")
     cell = lambda a, b: "-" if a == b == 0 else f"{int(a):,}" + (" =" if a == b else f" != {int(b):,}")   # noqa: E731
     harness.table([[r] + [cell(got_all[r, i].sum(), want_all[r, i].sum()) for i in range(len(GROUPS))]
                    for r in range(world)],
@@ -190,7 +190,7 @@ def main(args):
         """measured and its mark: '=' equal, '~' within the slack, otherwise the formula."""
         mark = "=" if got == want else "~" if abs(got - want) < slack[i] else "!= " + fmt_bytes(want)
         return f"{fmt_bytes(int(got))} {mark}"
-    say("\nmemory per rank (bytes held after the step) beside the formula (zero.paper_memory of Psi_r, the\n"
+    say("\nmemory per rank (bytes held after the step) beside the formula (engine_state_bytes of Psi_r, the\n"
         "rank's parameters: its stage's layers' TP shards plus the replicated ones, from the shapes,\n"
         f"{item} bytes each):\nparams Psi_r, grads Psi_r" + (" + Psi_r/dp (ZeRO-1 keeps the local gradient and its partition)"
                                                      if zero else "") +

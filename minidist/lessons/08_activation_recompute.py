@@ -12,7 +12,7 @@ The same GPT (dropout on) trains a few AdamW steps under each policy of
 minidist/recompute.py: none, full (every block a checkpoint), every-k (a checkpoint per k
 blocks, k = sqrt(L)) and selective (the attention core only). For each it prints the
 peak of the activation meter (minidist/context.py) over the blocks' forward and
-backward beside this engine's count for the policy (tp_formulas.recompute_peak_elements),
+backward beside this engine's count for the policy (plan.memory.recompute_peak_elements),
 the whole step's peak, Korthikanti et al.'s per-layer figure, the step time and its
 ratio to none, and how far the losses, raw gradients and weights are from none's (they
 must be equal: 1e-12). Then a sweep over n_layer shows the blocks' memory growing as L

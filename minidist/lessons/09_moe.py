@@ -32,6 +32,7 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.moe import expert_capacity
 from minidist.parallel.expert_parallel import expert_parallel
+from minidist.plan.traffic import moe_sent
 from minidist.train import TrainConfig
 
 A2A = "all_to_all"          # the counter the dispatch and combine rows are counted under
@@ -127,7 +128,7 @@ def a2a_formula(loads, owner, rank, ep_ranks, row_bytes):
     2 x (rows out + rows in) x C x bytes per value. loads: {rank: tokens per expert (E,)}."""
     out = sum(int(loads[rank][e]) for e in range(len(owner)) if owner[e] != rank)
     into = sum(int(loads[s][e]) for s in ep_ranks if s != rank for e in range(len(owner)) if owner[e] == rank)
-    return 2 * (out + into) * row_bytes, out, into
+    return moe_sent(out, into, 1, row_bytes), out, into
 
 
 def parameter_counts(model, cfg):

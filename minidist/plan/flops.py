@@ -34,7 +34,7 @@ def attention_projection_flops(B, s, h, heads=None, kv_heads=None):
     h_kv = h
     if kv_heads is not None and kv_heads != heads:
         if heads is None or h % heads:
-            raise ValueError(f"kv_heads needs heads dividing the hidden size (h = {h}, heads = {heads})")
+            raise ValueError(f"kv_heads needs heads that divide h (h {h}, heads {heads})")
         h_kv = kv_heads * (h // heads)
     return 2 * B * s * h * (2 * h + 2 * h_kv)
 
@@ -77,5 +77,6 @@ def step_flops(B, s, L, h, V, heads=None, ffn=None, kv_heads=None, swiglu=False,
         raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
     layer = layer_flops(B, s, h, heads, ffn, kv_heads, swiglu)
     model = 3 * (L * layer + logit_flops(B, s, h, V))
-    again = {"none": 0, "selective": L * attention_score_flops(B, s, h), "full": L * layer}[recompute]
+    again = {"none": 0, "selective": L * attention_score_flops(B, s, h),
+             "full": L * layer}[recompute]
     return model, model + again

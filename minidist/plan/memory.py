@@ -35,7 +35,8 @@ def model_state_bytes(psi, n_d, stage, accounting="zero"):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
     if isinstance(accounting, str):
         if accounting not in ACCOUNTING:
-            raise ValueError(f"accounting must be one of {sorted(ACCOUNTING)} or a tuple, not {accounting!r}")
+            raise ValueError(f"accounting must be one of {sorted(ACCOUNTING)} or a tuple, "
+                             f"not {accounting!r}")
         accounting = ACCOUNTING[accounting]
     w, g, k = accounting
     return {"weights": w * psi / (n_d if stage == 3 else 1),
@@ -66,14 +67,15 @@ def engine_state_bytes(stage, psi, n_d, itemsize, k_bytes=None):
     return {"params": s["weights"], "grads": s["grads"] + kept, "optimizer": s["optimizer"]}
 
 
-# ----------------------------------------------------------------------------- activations, the paper
+# ------------------------------------------------------------------------ activations, the paper
 
 
 def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):
     """Korthikanti et al. 2022 (arXiv 2205.05198), activation bytes per layer per rank with
     16-bit activations and 1-byte dropout masks: 34sbh + 5as^2b without tensor
     parallelism (t = 1), 10sbh + 24sbh/t + 5as^2b/t with it, 34sbh/t + 5as^2b/t with
-    sequence parallelism too (their eq. 1, 2 and 4; docs/reference.md#activation-memory-per-layer)."""
+    sequence parallelism too (their eq. 1, 2 and 4;
+    docs/reference.md#activation-memory-per-layer)."""
     sbh, as2b = s * b * h, a * s * s * b
     if t == 1:
         return 34 * sbh + 5 * as2b
@@ -97,7 +99,7 @@ def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="
     return full
 
 
-# ----------------------------------------------------------------------------- activations, this engine
+# ---------------------------------------------------------------------- activations, this engine
 
 LN = "layer norms: normalised input (2 x b*s*h)"
 LN_STD = "layer norms: 1/std per token (2 x b*s)"
@@ -149,7 +151,8 @@ def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=True
     return out
 
 
-def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None, regather=True):
+def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None,
+                            regather=True):
     """The meter's peak over the forward and backward of n_layer blocks under a
     recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
 
@@ -173,7 +176,8 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
         return L * A
     if policy in ("full", "every-k"):
         segs = segments(L, 1 if policy == "full" else k)
-        return max(len(segs) * x, max((j + 1) * x + (hi - lo) * A for j, (lo, hi) in enumerate(segs)))
+        rebuilt = max((j + 1) * x + (hi - lo) * A for j, (lo, hi) in enumerate(segs))
+        return max(len(segs) * x, rebuilt)
     if policy == "selective":
         core = sum(n for part, _, n in saves if part == "core")
         before = sum(n for part, _, n in saves if part == "before")

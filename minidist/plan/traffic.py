@@ -15,8 +15,10 @@ The papers' counts (docs/reference.md):
     ZeRO 1, 2 (Rajbhandari et al. 2020, sec. 7)   reduce-scatter + all-gather: 2 (N-1)/N Psi
     ZeRO 3                                        two all-gathers + a reduce-scatter: 3 (N-1)/N Psi
     PP, per boundary, micro-batch and direction   b s h (plan.pipeline.p2p_bytes)
+    MoE, per layer (even routing)                 4 all-to-alls of (ep-1)/ep x tokens k h
 """
-from minidist.plan.collectives import ring_all_gather_sent, ring_all_reduce_sent, ring_reduce_scatter_sent
+from minidist.plan.collectives import (ring_all_gather_sent, ring_all_reduce_sent,
+                                       ring_reduce_scatter_sent)
 from minidist.plan.pipeline import p2p_bytes
 
 # ----------------------------------------------------------------------------- the papers' counts
@@ -46,6 +48,13 @@ def zero_bytes(stage, psi, n_d, itemsize, micro_batches=1, root=0, reshard=True)
     if stage == 3:
         return f * micro_batches * ((3 * psi - root) if reshard else 2 * psi)
     return f * ((psi if stage == 1 else micro_batches * psi) + psi)
+
+
+def moe_bytes(tokens, top_k, h, ep, itemsize):
+    """Bytes per rank per MoE layer per step of expert parallelism under even routing:
+    4 all-to-alls (dispatch and combine, forward and backward; Lepikhin et al. 2020,
+    GShard), each sending the (ep-1)/ep of its tokens x top_k rows of h that leave it."""
+    return 4 * (ep - 1) / ep * tokens * top_k * h * itemsize
 
 
 # ----------------------------------------------------------------------------- this engine, exactly
@@ -86,7 +95,8 @@ def tp_sent(batch, s, h, layers, t, rank, itemsize, micro_batches=1, first=True,
     if sequence_parallel:
         n_ag = n_big + (2 * layers if regather else 0)
         add("all_gather", k * n_ag, k * n_ag * ring_all_gather_sent(s, batch * h, t, rank))
-        add("reduce_scatter", k * n_big, k * n_big * ring_reduce_scatter_sent(s, batch * h, t, rank))
+        rs = ring_reduce_scatter_sent(s, batch * h, t, rank)
+        add("reduce_scatter", k * n_big, k * n_big * rs)
         add("all_reduce", 1, ring_all_reduce_sent(replicated, t, rank))
     else:
         add("all_reduce", k * n_big, k * n_big * ring_all_reduce_sent(batch * s * h, t, rank))
@@ -126,6 +136,14 @@ def zero_sent(stage, groups, n_d, rank, micro_batches=1, reshard=True):
     return {"reduce_scatter": k * rs, "all_gather": k * (sum(ag) + (sum(ag[1:]) if reshard else 0))}
 
 
+def moe_sent(rows_out, rows_in, h, itemsize):
+    """Bytes rank sends in one MoE layer's four all-to-alls (parallel/expert_parallel.py),
+    from the routing: dispatch forward and combine backward carry the rows_out it sends to
+    other ranks' experts, combine forward and dispatch backward the rows_in other ranks
+    send to its experts: 2 (rows_out + rows_in) h itemsize."""
+    return 2 * (rows_out + rows_in) * h * itemsize
+
+
 def pp_sent(stages, n_virtual, batch_rows, s, h, itemsize):
     """Bytes rank sends point-to-point in one pipeline step: b s h per micro-batch (rows b
     of `batch_rows`) per boundary, forward from each of its virtual `stages` that is not
@@ -140,8 +158,9 @@ def clip_sent(sizes_and_ranks):
 
 
 def parallel_3d_sent(b, s, h, m, itemsize, tp, pp, dp, layers, first=True, last=True, stages=(0,),
-                     n_virtual=1, wte_elements=0, dp_sizes=(), zero_groups=None, zero_stage=1, recomputed_layers=0,
-                     sequence_parallel=False, regather=True, replicated=0, clip=True):
+                     n_virtual=1, wte_elements=0, dp_sizes=(), zero_groups=None, zero_stage=1,
+                     recomputed_layers=0, sequence_parallel=False, regather=True, replicated=0,
+                     clip=True):
     """{group: {collective: bytes}} rank sends in one step of 3D parallelism
     (parallel/parallel_3d.py), tp, pp, dp its (size, rank) in each group; m micro-batches
     of b rows; `layers` of its stage's blocks, its virtual `stages` of n_virtual.

@@ -140,7 +140,7 @@ def test_3d_equals_one_process(case):
 
 
 def check_memory(case, slot):
-    """Bytes held after the step, by category, beside zero.paper_memory of Psi_r with N_d = dp
+    """Bytes held after the step, by category, beside plan.memory.engine_state_bytes of Psi_r with N_d = dp
     (lesson 07's table): equal, or under ZeRO-1 within the element array_split's partitions
     may differ from Psi_r/dp by (once in the gradients, twice in AdamW's m and v). The
     cases with ZeRO-1 at 2, 3 and 8 ranks have tp != dp: a formula on the wrong group fails."""

@@ -26,6 +26,7 @@ from minidist.optim import SGD
 from minidist.parallel import data_parallel
 from minidist.parallel.data_parallel import (BucketedDataParallel, NaiveDataParallel,
                                              broadcast_parameters, replica_checksums)
+from minidist.plan.traffic import dp_bytes, dp_sent
 from minidist.train import TrainConfig
 
 pytestmark = pytest.mark.mpi
@@ -130,11 +131,14 @@ def test_bytes_per_step_match_the_ring_formula():
     dp, sent = r.dp, r.sent
     n, m_bytes = COMM.Get_size(), dp.buckets[0].nbytes
     itemsize = dp.buckets[0].flat.itemsize
-    expected = 2 * (n - 1) * m_bytes / n
+    expected = dp_bytes(m_bytes // itemsize, n, itemsize)      # 2(N-1)/N M, the ring's even count
     # 2(N-1) chunks sent, each array_split chunk within one element of M/N
     assert abs(sent - expected) <= 2 * (n - 1) * itemsize, f"sent {sent} B, formula {expected:.0f} B"
     if (m_bytes // itemsize) % n == 0:
         assert sent == expected
+    # exactly, chunk by chunk: the planner's count of one ring all-reduce per bucket
+    exact = dp_sent([b.flat.size for b in dp.buckets], n, COMM.Get_rank(), itemsize)[1]
+    assert sent == exact, f"rank {COMM.Get_rank()} sent {sent} B, plan.traffic.dp_sent {exact} B"
 
 
 def test_replicas_start_identical_after_broadcast():

@@ -24,6 +24,7 @@ from minidist.data import Dataset, default_corpus, shard_slice
 from minidist.lessons import common, harness
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.expert_parallel import ExpertParallelMoE, expert_parallel
+from minidist.plan.traffic import moe_sent
 from minidist.train import TrainConfig
 
 pytestmark = pytest.mark.mpi
@@ -127,7 +128,7 @@ def test_all_to_all_bytes_match_the_formula(top_k):
             mine = slice(layer.lo, layer.hi)
             to_others = local.sum() - local[mine].sum()          # my kept choices for other ranks' experts
             from_others = total[mine].sum() - local[mine].sum()  # other ranks' choices for mine
-            expected += 2 * (to_others + from_others) * C * itemsize
+            expected += moe_sent(to_others, from_others, C, itemsize)
     measured = r.measured.bytes_sent("all_to_all")
     assert measured == expected, f"rank {rank}: all-to-all sent {measured} B, formula {expected} B"
     calls = [len(m.comm_bytes) for _, m in ep.layers]

@@ -7,7 +7,7 @@ tokens the single-process model chooses without a cache, its logits (each rank's
 vocabulary columns) within 1e-12 of that model's at every step in float64, past
 block_size too; padded vocabulary columns never win. Bytes sent equal the formula.
 Activation memory: the engine's meter, for one layer, equals this engine's count
-(tp_formulas.engine_layer_elements) for one process, tensor parallel and sequence
+(plan.memory.engine_layer_elements) for one process, tensor parallel and sequence
 parallel (both variants), with and without dropout, uneven sequence chunks included; and
 Korthikanti et al.'s identity holds as measured: the sequence-parallel layer (Megatron's,
 with the re-gather) summed over the ranks is the one-process layer exactly, and t times

@@ -1,0 +1,195 @@
+"""minidist/plan's formulas against the papers' figures and hand counts, and the exact engine
+counts (plan.traffic.*_sent, which the MPI tests hold the counters to) against the papers'
+even counts (*_bytes) wherever the ranks divide the shapes: one count from 8 ranks to a
+cluster. Serial and fast."""
+from fractions import Fraction
+
+import pytest
+
+from minidist import metrics
+from minidist.model import GPTConfig
+from minidist.parallel import schedules
+from minidist.plan import flops, memory, pipeline, traffic
+
+# (B, s, L, h, V, heads): GPT-3 175B and 1T as Narayanan et al. 2021 Table 1 run them, a small one
+GPT_SHAPES = [(1536, 2048, 96, 12288, 51200, 96), (2048, 2048, 128, 25600, 51200, 160),
+              (8, 64, 2, 32, 96, 4)]
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+@pytest.mark.parametrize("B, s, L, h, V, heads", GPT_SHAPES)
+def test_step_flops_are_narayanans_72_and_96(B, s, L, h, V, heads):
+    """Narayanan et al. 2021 (arXiv 2104.04473, section 5.1): 72BsLh^2(1 + s/6h + V/12Lh)
+    model FLOPs, 96BsLh^2(1 + s/6h + V/16Lh) with full recomputation; integers, exactly."""
+    model, hw_none = flops.step_flops(B, s, L, h, V, heads)
+    assert model == hw_none == 72 * B * s * L * h * h + 12 * B * s * s * L * h + 6 * B * s * h * V
+    paper = 72 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (12 * L * h))
+    assert model == pytest.approx(paper, rel=1e-12)
+    _, full = flops.step_flops(B, s, L, h, V, heads, recompute="full")
+    paper = 96 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (16 * L * h))
+    assert full == pytest.approx(paper, rel=1e-12)
+    _, selective = flops.step_flops(B, s, L, h, V, heads, recompute="selective")
+    assert selective - model == 4 * B * s * s * h * L      # QK^T and PV once more, every layer
+
+
+@pytest.mark.parametrize("B, s, L, h, V, heads", GPT_SHAPES)
+def test_palm_per_token_agrees_with_the_step_count(B, s, L, h, V, heads):
+    """6N + 12LHQT per token x Bs tokens = the 72 formula, N = 12Lh^2 + Vh (the matrices
+    and the tied token table; biases and layer norms are what both leave out)."""
+    per_token = flops.flops_per_token(L, heads, h // heads, s, 12 * L * h * h + V * h)
+    assert per_token * B * s == flops.step_flops(B, s, L, h, V, heads)[0]
+    cfg = GPTConfig(block_size=s, vocab_size=V, n_layer=L, n_head=heads, n_embd=h)
+    want = flops.flops_per_token(L, heads, h // heads, s, 1234)
+    assert metrics.flops_per_token(cfg, 1234) == want
+
+
+def matmuls(B, s, h, heads, kv_heads, ffn, swiglu):
+    """One layer's forward as a list of matrix products (m, k, n), written out by hand."""
+    hd = h // heads
+    out = [(B * s, h, h), (B * s, h, kv_heads * hd), (B * s, h, kv_heads * hd)]   # Q, K, V
+    out += [(s, hd, s)] * (B * heads) + [(s, s, hd)] * (B * heads)             # QK^T, PV per head
+    out += [(B * s, h, h)]                                                      # output projection
+    out += [(B * s, h, ffn)] * (2 if swiglu else 1) + [(B * s, ffn, h)]        # gate, up; down
+    return out
+
+
+@pytest.mark.parametrize("swiglu, kv_heads, ffn",
+                         [(False, 4, 16), (True, 4, 16), (True, 1, 12), (False, 2, 7)])
+def test_general_shapes_count_every_matmul(swiglu, kv_heads, ffn):
+    """SwiGLU's three MLP matrices and GQA's narrower K and V, against products counted by
+    hand (2mkn each): B = 2, s = 3, h = 8, 4 heads, L = 2, V = 11."""
+    B, s, h, heads, L, V = 2, 3, 8, 4, 2, 11
+    layer = sum(2 * m * k * n for m, k, n in matmuls(B, s, h, heads, kv_heads, ffn, swiglu))
+    assert flops.layer_flops(B, s, h, heads, ffn, kv_heads, swiglu) == layer
+    model, full = flops.step_flops(B, s, L, h, V, heads, ffn, kv_heads, swiglu, "full")
+    assert model == 3 * (L * layer + 2 * B * s * h * V)
+    assert full == model + L * layer
+    with pytest.raises(ValueError, match="recompute"):
+        flops.step_flops(B, s, L, h, V, recompute="some")
+
+
+def test_swiglu_and_gqa_by_hand():
+    """One case small enough to add up on paper: B = 1, s = 2, h = 4, 2 heads, 1 KV head,
+    SwiGLU of width 6. Q and O 2*2*4*4 = 64 each, K and V 2*2*4*2 = 32 each, scores
+    4*1*2*2*4 = 64, MLP 3 x 2*2*4*6 = 288: 544 per layer."""
+    assert flops.layer_flops(1, 2, 4, heads=2, ffn=6, kv_heads=1, swiglu=True) == 544
+    assert flops.layer_flops(1, 2, 4, heads=2) == 24 * 2 * 16 + 4 * 4 * 4   # 24Bsh^2 + 4Bs^2h
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_zero_papers_example_7_5b_on_64():
+    """Rajbhandari et al. 2020, Figure 1: 120, 31.4, 16.6, 1.9 GB per device."""
+    gb = [sum(memory.model_state_bytes(7.5e9, 64, stage).values()) / 1e9 for stage in range(4)]
+    assert gb[0] == 120.0
+    assert [round(x, 1) for x in gb[1:]] == [31.4, 16.6, 1.9]
+    s1 = memory.model_state_bytes(7.5e9, 64, 1)
+    assert s1 == {"weights": 15e9, "grads": 15e9, "optimizer": 12 * 7.5e9 / 64}
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_megatron_distributed_optimizer_is_6_plus_12_over_d(d):
+    assert memory.bytes_per_param("megatron", d, 1) == pytest.approx(6 + 12 / d, rel=1e-15)
+    assert memory.bytes_per_param("megatron") == 18
+    assert memory.bytes_per_param("zero") == memory.bytes_per_param("fp32") == 16
+    with pytest.raises(ValueError, match="stage"):
+        memory.model_state_bytes(1e9, d, 4)
+
+
+def test_engine_state_bytes_adds_stage_1s_local_gradient():
+    """This engine's ZeRO-1 keeps the local gradient beside its partition: Psi + Psi/N."""
+    psi, n, item = 1200, 4, 8
+    assert memory.engine_state_bytes(1, psi, n, item) == \
+        {"params": 9600, "grads": 9600 + 2400, "optimizer": 4800}
+    assert memory.engine_state_bytes(3, psi, n, item) == \
+        {"params": 2400, "grads": 2400, "optimizer": 4800}
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def test_bubble_formulas():
+    """Narayanan et al. 2021: (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1); ZB-H1's idle time."""
+    p, m = 4, 8
+    assert pipeline.bubble_fraction("naive", p, m) == Fraction(3, 4)
+    assert pipeline.bubble_fraction("gpipe", p, m) == Fraction(3, 11)
+    assert pipeline.bubble_fraction("1f1b", p, m) == Fraction(3, 11)
+    assert pipeline.bubble_fraction("interleaved", p, m, 2) == Fraction(3, 19)
+    assert pipeline.bubble_fraction("interleaved", p, m, 1) == Fraction(3, 11)
+    assert pipeline.bubble_fraction("zb-h1", p, m) == Fraction(3, 8 * 3 + 3)    # idle 3(1 + 1 - 1)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        pipeline.bubble_fraction("2f2b", p, m)
+
+
+def test_in_flight_is_the_simulators_peak():
+    """The first stage's peak of live activations, in micro-batches of its layers: the
+    simulator's count (parallel/schedules.py) on every rank, and Korthikanti et al.'s
+    p (1 + (p-1)/(p v)) for the first stage once m is large enough."""
+    for p in range(1, 7):
+        for m in range(1, 13):
+            sim = schedules.simulate(schedules.one_f_one_b(p, m), p, m)
+            assert sim.peak == [pipeline.live_chunks("1f1b", p, m, 1, r) for r in range(p)], (p, m)
+            assert pipeline.in_flight(p, m) == min(p, m) == sim.peak[0]
+            if m % p:
+                continue
+            for v in (2, 3):
+                sim = schedules.simulate(schedules.interleaved_1f1b(p, m, v), p, m, v)
+                want = [pipeline.live_chunks("interleaved", p, m, v, r) for r in range(p)]
+                assert sim.peak == want, (p, m, v)
+                assert pipeline.in_flight(p, m, v) == Fraction(sim.peak[0], v)
+                if v * m >= v * p + p - 1:
+                    assert pipeline.in_flight(p, m, v) == p * (1 + Fraction(p - 1, p * v))
+
+
+# ------------------------------------------------------- traffic: exact = paper where it divides
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tp_exact_count_is_the_papers_where_t_divides(t):
+    """4 all-reduces of bsh per layer (8bsh(t-1)/t): the engine's count of L layers without
+    the ends, the loss or clipping; under SP with the gathered inputs kept, 4 all-gathers
+    and 4 reduce-scatters, the same bytes (regathering adds 2 all-gathers per layer)."""
+    b, s, h, L, item = 2, 16, 24, 3, 2
+    for r in range(t):
+        plain = traffic.tp_sent(b, s, h, L, t, r, item, first=False, last=False, clip=False)
+        assert plain == {"all_reduce": (4 * L, L * traffic.tp_layer_bytes(b, s, h, t, item))}
+        ends = dict(first=False, last=False, clip=False)
+        sp = traffic.tp_sent(b, s, h, L, t, r, item, sequence_parallel=True, regather=False, **ends)
+        paper = L * traffic.tp_layer_bytes(b, s, h, t, item, True)
+        assert sp["all_gather"][1] + sp["reduce_scatter"][1] == paper
+        again = traffic.tp_sent(b, s, h, L, t, r, item, sequence_parallel=True, **ends)
+        assert again["all_gather"][1] == 1.5 * sp["all_gather"][1]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_zero_and_dp_exact_counts_are_the_papers_where_n_divides(n):
+    """ZeRO 1 and 2: 2 (N-1)/N Psi; 3: 3 (N-1)/N Psi less the root unit's second gather
+    (Rajbhandari et al. 2020, section 7); plain DP's all-reduce 2 (N-1)/N Psi."""
+    units = [8 * n * k for k in (5, 3, 3)]             # the root unit, then two blocks
+    psi, item, k = sum(units), 4, 3
+    groups = [(u, item, item) for u in units]
+    for r in range(n):
+        for stage in (1, 2):
+            want = traffic.zero_bytes(stage, psi, n, item, k)
+            assert sum(traffic.zero_sent(stage, groups, n, r, k).values()) == want
+        assert sum(traffic.zero_sent(3, groups, n, r, k).values()) == \
+            traffic.zero_bytes(3, psi, n, item, k, root=units[0])
+        assert sum(traffic.zero_sent(3, groups, n, r, k, reshard=False).values()) == \
+            traffic.zero_bytes(3, psi, n, item, k, reshard=False)
+        assert traffic.dp_sent(units, n, r, item) == (3, traffic.dp_bytes(psi, n, item))
+
+
+def test_pipeline_and_moe_counts():
+    """PP: b s h per micro-batch per boundary each way; an inner stage sends both ways, the
+    ends one way. MoE: even routing sends (ep-1)/ep of the rows out, as many come in."""
+    b, s, h, item, m, p = 2, 8, 16, 8, 4, 4
+    one = pipeline.p2p_bytes(b, s, h, item)
+    got = [traffic.pp_sent([r], p, [b] * m, s, h, item) for r in range(p)]
+    assert got == [m * one, 2 * m * one, 2 * m * one, m * one]
+    assert traffic.pp_sent([0, 4], 8, [b] * m, s, h, item) == 3 * m * one    # chunks 0 and 4 of 8
+    tokens, k, ep = 64, 2, 4
+    rows = tokens * k * (ep - 1) // ep
+    assert traffic.moe_sent(rows, rows, h, item) == traffic.moe_bytes(tokens, k, h, ep, item)
