@@ -145,7 +145,7 @@ def choose(comm, nbytes):
 
 # ----------------------------------------------------------------------------- measuring them
 
-def calibrate(comm, big=2**22, repeats=9, steps=8):
+def calibrate(comm, big=2**22, repeats=9, steps=64):
     """alpha, beta, gamma measured here, the same on every rank. A sample is timed as the
     collectives are: a barrier, then k ring steps (every rank sends to its right and
     receives from its left at once, one Sendrecv), until the slowest rank is done; each

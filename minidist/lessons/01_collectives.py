@@ -269,7 +269,7 @@ def alpha_beta(comm, n, M, repeats):
     if n < 2:
         say("\n(alpha-beta model: needs two ranks)")
         return None
-    c = tuning.calibrate(comm, big=max(M, 2**16), repeats=max(repeats, 5))
+    c = tuning.calibrate(comm, big=max(M, 2**20), repeats=max(repeats, 5))
     a, b, g = c["alpha"], c["beta"], c["gamma"]
     p2, lg = power_of_two_below(n), power_of_two_below(n).bit_length() - 1
     say(f"\nalpha-beta model, N = {n}, P = {p2} (Thakur, Rabenseifner and Gropp 2005;")
@@ -284,8 +284,9 @@ def alpha_beta(comm, n, M, repeats):
             " + 2 a + 2 M b + M g")
     say(f"  measured here: a = {a * 1e6:.1f} us per message (one more Sendrecv of 8 B in a call, "
         f"all ranks),")
-    say(f"  b = {b * 1e9:.3f} ns per byte sent ({1 / max(b, 1e-30) / 1e9:.2f} GB/s), g = {g * 1e9:.3f} "
-        f"ns per byte added ({1 / max(g, 1e-30) / 1e9:.2f} GB/s)")
+    rate = lambda s: f"{1 / s / 1e9:.2f} GB/s" if s > 0 else "too fast to see here"
+    say(f"  b = {b * 1e9:.3f} ns per byte sent ({rate(b)}), g = {g * 1e9:.3f} ns per byte added "
+        f"({rate(g)})")
     sizes = [m for m in (8 * 4 ** k for k in range(20)) if m < M] + [M]
     names = ("ring", "rabenseifner", "recursive_doubling")
     times = {k: [] for k in names}

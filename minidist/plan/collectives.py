@@ -172,7 +172,8 @@ def crossover(a, b, size, alpha, beta, gamma=0.0):
     below it and b above it; None when that never happens (the lines do not cross at
     M > 0, or cross the other way)."""
     (a0, a1), (b0, b1) = _line(a, size, alpha, beta, gamma), _line(b, size, alpha, beta, gamma)
-    if not (a0 < b0 and a1 > b1):
+    # slopes equal but for rounding (Rabenseifner and the ring at N = 2^k) do not cross
+    if not (a0 < b0 and a1 - b1 > 1e-9 * max(abs(a1), abs(b1))):
         return None
     return (b0 - a0) / (a1 - b1)
 
