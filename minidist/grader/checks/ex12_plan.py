@@ -235,7 +235,7 @@ def check_bubble_fraction(fn):
         _exact_ok(got, want, call, _bubble_hint)
         if got != want:
             raise AssertionError(f"{call} = {got}, expected {want}{_bubble_hint(got, name, p, m, v, costs)}")
-        if p <= 5 and m <= 8 and costs == (1, 2, 1) and not (name == "zb-h1" and m < p):
+        if p <= 4 and m <= 8 and costs == (1, 2, 1) and not (name == "zb-h1" and m < p):
             sim = simulated(name, p, m, v, costs)       # (zb-h1's formula holds for m >= p)
             if sim is not None and sim[0] != got:
                 raise AssertionError(f"{call} = {got}, but the schedule run in logical time "
@@ -286,7 +286,7 @@ def check_in_flight(fn):
         _exact_ok(got, want, call)
         if got != want:
             raise AssertionError(f"{call} = {got}, expected {want}{_flight_hint(got, p, m, v)}")
-        if p <= 6 and m <= 12:
+        if p <= 4 and m <= 12:
             sim = simulated("1f1b" if v == 1 else "interleaved", p, m, v)
             if sim is not None and sim[1] != got:
                 raise AssertionError(f"{call} = {got}, but the schedule run in logical time holds {sim[1]} "
@@ -389,7 +389,7 @@ def _judge(key):
 # micro-batches in flight to its simulated schedule (12.2, 12.3), and each chosen layout to
 # the rule (12.4). The published table runs too; its verdict is the cost model's, not the
 # exercise's, and is not judged here. One dtype: the planner computes in Python numbers.
-FLAGS = ("--gpus", "64")
+FLAGS = ("--gpus", "64", "--no-published")
 
 
 def _run(key):

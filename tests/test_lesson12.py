@@ -1,0 +1,83 @@
+"""Lesson 12 (the planner) as a class runs it: one process, the default 70B on 1024 H100s,
+--json; its own checks (the ZeRO paper's figures, the bubble and the first stage's
+micro-batches in flight against the simulated schedule, the choice under each cap) hold;
+the published table prints every row with its error; every line fits 100 columns; the
+exit status is 0 exactly when every check holds; bad input gets one line and exit 2.
+(--measure, at 8 ranks, is not run here: it takes minutes.)"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minidist.lessons.harness import REPORT_KEYS
+from minidist.plan import published
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           MINIDIST_NO_WRAP="1")        # the lines as the lesson builds them: each must fit 100 columns
+LESSON = "minidist.lessons.12_plan"
+
+
+def run(*flags):
+    return subprocess.run([sys.executable, "-m", LESSON, *flags], capture_output=True, text=True,
+                          timeout=120, env=ENV)
+
+
+def test_lesson_12_walks_the_70b_and_prints_the_published_rows(tmp_path):
+    out = tmp_path / "report.json"
+    proc = run("--json", str(out))
+    report = json.loads(out.read_text())
+    checks = report["figures"]["checks"]
+    assert proc.returncode == (0 if all(checks.values()) else 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert report["match"] is all(checks.values())
+    assert {k: checks[k] for k in ("zero_paper", "bubble", "in_flight", "choice")} == dict.fromkeys(
+        ("zero_paper", "bubble", "in_flight", "choice"), True), proc.stdout
+    assert set(REPORT_KEYS) <= set(report)
+    assert report["figures"]["model_states"]["zero"] == {"weights": 140e9, "grads": 140e9, "optimizer": 840e9}
+    assert "1,120.0 GB" in proc.stdout and "the same to the paper's digits" in proc.stdout
+    assert len(report["layouts"]) == 5
+    for lay in report["layouts"]:
+        assert lay["tp"] * lay["pp"] * lay["dp"] == 1024
+        assert {"micro_batch", "step_time_s", "tflops_per_gpu_model", "tflops_per_gpu_hardware", "mfu", "hfu",
+                "memory_bytes_per_gpu", "fits"} <= set(lay)
+    rows = report["published"]["rows"]
+    assert len(rows) == len(published.ROWS)
+    for r in rows:
+        assert abs(r["rel_error"] - (r["predicted"] / r["published"] - 1)) < 1e-12
+        assert r["label"] in proc.stdout and f"{100 * r['rel_error']:+.1f}%" in proc.stdout
+    assert f"mean |error| {report['published']['mean_abs_error']:.1%}" in proc.stdout
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide
+
+
+def test_bad_input_gets_one_line_and_exit_2():
+    proc = run("--gpus", "1020")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "1020 GPUs is not a multiple of the node size 8" in lines[0], proc.stderr
+
+
+def lesson():
+    import importlib
+    return importlib.import_module(LESSON)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--gpus", "8", "--params", "1e12"], "no layout of a 1e+12-parameter model fits 8 h100-sxm"),
+    (["--gpus", "12"], "12 GPUs is not a multiple of the node size 8"),
+])
+def test_a_cluster_that_cannot_work_is_an_input_error(flags, words):
+    """In this process (the harness turns an InputError into one line and exit 2, as above)."""
+    from mpi4py import MPI
+    from minidist.lessons import harness
+    mod = lesson()
+    args = mod.build_parser().parse_args([*flags, "--no-published"])
+    with harness.running(MPI.COMM_SELF), pytest.raises(harness.InputError, match=words.replace("+", r"\+")):
+        mod.main(args)
+
+
+def test_an_unknown_gpu_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as stop:
+        lesson().build_parser().parse_args(["--gpu", "b200"])
+    assert stop.value.code == 2 and "invalid choice: 'b200'" in capsys.readouterr().err
