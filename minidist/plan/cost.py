@@ -264,8 +264,9 @@ def estimate(model, cluster, layout):
         extra = logits if i == p - 1 else 0.0
         return layers[i] * (layer_matmul + layer_elem) + extra, layers[i] * tp_layer
 
-    times = [stage_time(i) for i in range(p)]
-    busiest = max(range(p), key=lambda i: sum(times[i]))
+    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))   # first, a middle one, last
+    times = {i: stage_time(i) for i in kinds}
+    busiest = max(kinds, key=lambda i: sum(times[i]))
     comp_mb, tp_mb = times[busiest]
     elem_mb = layers[busiest] * layer_elem
     compute_s = note("compute", "m x busiest stage's compute per micro-batch (s)", m * comp_mb)
@@ -275,7 +276,7 @@ def estimate(model, cluster, layout):
     bubble_s = pp_s = 0.0
     if p > 1:
         frac = bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v)
-        mean_mb = sum(sum(x) for x in times) / p           # the fill and drain cross every stage
+        mean_mb = (L * (layer_matmul + layer_elem + tp_layer) + logits) / p   # fill and drain cross all
         bubble_s = float(frac / (1 - frac)) * m * mean_mb
         alpha, bw = cluster.link(t * d + 1)              # neighbours are t d ranks apart
         nbytes = p2p_bytes(b, s, h, ACT_BYTES) / (t if t * d >= cluster.gpus_per_node else 1)
@@ -284,8 +285,8 @@ def estimate(model, cluster, layout):
     note("exposed PP", "2 (v m + p - 1) transfers of b s h (/t across nodes) (s)", pp_s)
 
     # -- data parallelism: gradients reduced over the dp group's link
-    params_stage = [_stage_params(model, layers[i], i == 0, i == p - 1, t) for i in range(p)]
-    psi = max(params_stage)
+    params_stage = {i: _stage_params(model, layers[i], i == 0, i == p - 1, t) for i in kinds}
+    psi = max(params_stage.values())
     w_item, g_item, _ = ACCOUNTING[lay.precision]
     dp_s = 0.0
     if d > 1:
