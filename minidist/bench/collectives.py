@@ -51,6 +51,11 @@ def human(n):
         n /= 1024
 
 
+def library():
+    """The MPI library's first line, spaces squeezed: 'MPICH Version: 5.0.2'."""
+    return " ".join(MPI.Get_library_version().splitlines()[0].split())
+
+
 def sizes(lo, hi, factor):
     out = []
     while lo <= hi:
@@ -107,7 +112,7 @@ def main(argv=None):
     dtype = np.dtype(args.dtype)
     busf = BUS_FACTOR["all_reduce"](n)
     say(f"# all-reduce (sum), {n} ranks: minidist ring, minidist auto, MPI's own Allreduce "
-        f"({" ".join(MPI.Get_library_version().splitlines()[0].split())})")
+        f"({library()})")
     say(f"# time: median of {args.iters} calls (slowest rank) after {args.warmup} warm-up; "
         f"busbw = size / time x 2(N-1)/N = x {busf:.3f}")
     say(f"# auto: {tuning.plan_words(plan)}")
@@ -148,7 +153,7 @@ def main(argv=None):
         print_crossovers(say, n, plan, [r["size_bytes"] for r in rows], times)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"world_size": n, "mpi": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+            json.dump({"world_size": n, "mpi": library(),
                        "constants": {k: plan[k] for k in ("alpha", "beta", "gamma", "source")},
                        "auto_plan": plan["plan"], "rows": rows}, f, indent=1)
             f.write("\n")
@@ -159,7 +164,7 @@ def calibrate(comm, say):
     """Measure alpha, beta, gamma here; rank 0 stores them; print them and the model's plan."""
     n = comm.Get_size()
     constants = tuning.calibrate(comm)
-    where = tuning.save(constants, n, " ".join(MPI.Get_library_version().splitlines()[0].split())) \
+    where = tuning.save(constants, n, library()) \
         if comm.Get_rank() == 0 else None
     comm.Barrier()                      # stored before any rank reads it
     say(f"calibrated on {n} ranks: alpha {constants['alpha'] * 1e6:.2f} us per message, "

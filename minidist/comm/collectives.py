@@ -188,6 +188,19 @@ def mpi_all_reduce(comm, x, op="sum"):
 
 
 ALGORITHMS = ("ring", "naive", "recursive_doubling", "rabenseifner", "auto", "mpi")
+_IMPLS = {}
+
+
+def _import_impls():
+    """The algorithms of the modules that import this one, found once (an import statement
+    in all_reduce would cost ~10 us a call, as much as a small message)."""
+    from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
+    from minidist.comm.basic import naive_all_reduce
+    from minidist.comm.tuning import choose
+    _IMPLS.update(ring=ring_all_reduce, naive=naive_all_reduce, choose=choose,
+                  recursive_doubling=recursive_doubling_all_reduce,
+                  rabenseifner=rabenseifner_all_reduce)
+    return _IMPLS
 
 
 def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
@@ -202,18 +215,14 @@ def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
     float results differ from the ring's in the last bits, about one unit in the last
     place of the largest value per addition; integer sums are the same.
     """
-    from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
-    from minidist.comm.basic import naive_all_reduce
     algorithm = impl if impl is not None else algorithm
-    impls = {"ring": ring_all_reduce, "naive": naive_all_reduce,
-             "recursive_doubling": recursive_doubling_all_reduce, "rabenseifner": rabenseifner_all_reduce}
+    impls = _IMPLS or _import_impls()
     if algorithm == "auto":
-        from minidist.comm.tuning import choose
-        algorithm = choose(comm, np.asarray(x).nbytes)
+        algorithm = impls["choose"](comm, np.asarray(x).nbytes)
     if algorithm == "mpi":
         if check:
             exchange(comm, np.asarray(x), "mpi_all_reduce", op=op)
         return mpi_all_reduce(comm, x, op)
-    if algorithm not in impls:
+    if algorithm not in impls or algorithm == "choose":
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r}")
     return impls[algorithm](comm, x, op=op, check=check)

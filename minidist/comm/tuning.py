@@ -135,8 +135,9 @@ def _agree(comm):
 
 def choose(comm, nbytes):
     """The algorithm auto runs for an all-reduce of nbytes on comm (the same on every rank)."""
-    name = None
-    for m, algorithm in agreed(comm)["plan"]:
+    plan = agreed(comm)["plan"]
+    name = plan[0][1]
+    for m, algorithm in plan[1:]:
         if nbytes < m:
             break
         name = algorithm
