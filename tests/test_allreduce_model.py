@@ -12,8 +12,8 @@ import pytest
 
 from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
 from minidist.comm import tuning
-from minidist.plan.collectives import (ALL_REDUCE_TIMES, all_reduce_times, cheapest, crossover, crossovers,
-                                       formulas, power_of_two_below, rabenseifner_all_reduce_sent,
+from minidist.plan.collectives import (ALL_REDUCE_TIMES, all_reduce_times, cheapest, crossover,
+                                       crossovers, formulas, power_of_two_below, rabenseifner_all_reduce_sent,
                                        recursive_doubling_all_reduce_sent, ring_all_reduce_sent)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,8 @@ def test_busiest_rank_sends_the_closed_form_when_p_divides(size):
     got = formulas(size, n)                              # bytes, one-byte elements
     assert max(recursive_doubling_all_reduce_sent(n, size, r) for r in range(size)) == \
         got["all_reduce (recursive doubling)"]
-    assert max(rabenseifner_all_reduce_sent(n, size, r) for r in range(size)) == got["all_reduce (rabenseifner)"]
+    assert max(rabenseifner_all_reduce_sent(n, size, r) for r in range(size)) == \
+        got["all_reduce (rabenseifner)"]
     assert max(ring_all_reduce_sent(n, size, r) for r in range(size)) == got["all_reduce (ring)"]
 
 
@@ -70,15 +71,16 @@ def test_power_of_two_worlds_never_leave_rabenseifner_for_the_ring():
     for c in CONSTANTS:
         for size in (4, 8, 16):
             assert crossover("rabenseifner", "ring", size, **c) is None
-        assert crossover("rabenseifner", "ring", 3, **c) is None      # the ring is faster throughout
+        assert crossover("rabenseifner", "ring", 3, **c) is None   # the ring is faster throughout
         assert cheapest(2**30, 3, **c) == "ring"
     assert set(ALL_REDUCE_TIMES) == set(tuning.ALGORITHMS)
 
 
 def test_measured_crossover_is_where_the_faster_one_changes_for_good():
     sizes = [8, 64, 512, 4096, 32768]
-    assert tuning.measured_crossover(sizes, [1, 1, 1, 5, 9], [2, 2, 2, 3, 3]) == pytest.approx(512 + 3584 / 3)
-    assert tuning.measured_crossover(sizes, [1, 3, 1, 1, 9], [2, 2, 2, 2, 3]) > 4096   # a blip is not it
+    at = tuning.measured_crossover(sizes, [1, 1, 1, 5, 9], [2, 2, 2, 3, 3])
+    assert at == pytest.approx(512 + 3584 / 3)        # where the difference, a line, is 0
+    assert tuning.measured_crossover(sizes, [1, 3, 1, 1, 9], [2, 2, 2, 2, 3]) > 4096   # not a blip
     assert tuning.measured_crossover(sizes, [1, 1, 1, 1, 1], [2, 2, 2, 2, 2]) is None
     assert tuning.measured_crossover(sizes, [3, 3, 3, 3, 3], [2, 2, 2, 2, 2]) is None
 
@@ -99,7 +101,8 @@ def test_the_stored_calibration_is_read_back_and_the_nearest_world_size_wins(tmp
 def test_the_algorithms_against_mpi_at_five_ranks():
     """Five ranks: one folded pair, P = 4. The MPI tests of the algorithms, run at -n 5."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([*mpirun_cmd(5), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--only-mpi", "tests/mpi/test_allreduce_algorithms.py"],
+    proc = subprocess.run([*mpirun_cmd(5), sys.executable, "-m", "pytest", "-q", "-p",
+                           "no:cacheprovider", "--only-mpi", "tests/mpi/test_allreduce_algorithms.py"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and " passed" in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -44,7 +44,7 @@ def test_calibrate_then_the_table_picks_by_the_stored_constants(tmp_path):
     text = proc.stdout
     assert "minidist ring" in text and "minidist auto" in text and "MPI Allreduce" in text
     assert "auto/MPI" in text and "recursive_doubling -> rabenseifner: model" in text
-    assert len([line for line in text.splitlines() if line.strip() and not line.startswith("#")]) == 4
+    assert len([s for s in text.splitlines() if s.strip() and not s.startswith("#")]) == 4
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -83,10 +83,13 @@ def build_parser():
     p.add_argument("--max-bytes", "-e", type=parse_bytes, default=64 * 2**20, help="largest (default 64M)")
     p.add_argument("--factor", "-f", type=harness.positive_int, default=2,
                    help="size multiplier between rows, 2 or more (default 2)")
-    p.add_argument("--iters", "-n", type=harness.positive_int, default=10, help="timed calls per size")
-    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=2, help="untimed calls first")
+    p.add_argument("--iters", "-n", type=harness.positive_int, default=10,
+                   help="timed calls per size")
+    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=2,
+                   help="untimed calls first")
     p.add_argument("--calibrate", action="store_true",
-                   help=f"measure alpha, beta, gamma, store them ({tuning.ENV} or the cache dir), stop")
+                   help=f"measure alpha, beta, gamma, store them ({tuning.ENV} or the cache "
+                        "dir), stop")
     p.add_argument("--crossovers", action="store_true",
                    help="also time recursive doubling and Rabenseifner; print measured crossovers")
     return p
@@ -122,7 +125,8 @@ def main(argv=None):
     say(f"# {'':>10} {'':>10} {'':>7} {'- minidist ring -':>16} {'--- minidist auto ---':>22} "
         f"{'- MPI Allreduce -':>17} {'ring/MPI':>8} {'auto/MPI':>8}")
     say(f"# {'size(B)':>10} {'count':>10} {'type':>7} {'time(us)':>9} {'busbw':>6} "
-        f"{'time(us)':>9} {'busbw':>6} {'algo':>5} {'time(us)':>9} {'busbw':>7} {'time':>8} {'time':>8}")
+        f"{'time(us)':>9} {'busbw':>6} {'algo':>5} {'time(us)':>9} {'busbw':>7} {'time':>8} "
+        f"{'time':>8}")
     rng = np.random.default_rng([args.seed, rank])
     rows, measured = [], []
     for size in sizes(args.min_bytes, args.max_bytes, args.factor):
@@ -143,9 +147,7 @@ def main(argv=None):
             f"{t['auto'] * 1e6:9.1f} {bw['auto']:6.2f} {SHORT[picked]:>5} {t['mpi'] * 1e6:9.1f} "
             f"{bw['mpi']:7.2f} {t['ring'] / t['mpi']:8.2f} {t['auto'] / t['mpi']:8.2f}")
         rows.append({"size_bytes": nbytes, "count": count, "dtype": dtype.name,
-                     "ring_us": t["ring"] * 1e6, "auto_us": t["auto"] * 1e6, "mpi_us": t["mpi"] * 1e6,
-                     "auto_algorithm": picked,
-                     **{f"{k}_us": t[k] * 1e6 for k in ("recursive_doubling", "rabenseifner") if k in t}})
+                     **{f"{k}_us": v * 1e6 for k, v in t.items()}, "auto_algorithm": picked})
         measured.append(t)
     say("# ring/MPI or auto/MPI below 1: the hand-written one was faster.")
     if args.crossovers:
@@ -168,11 +170,13 @@ def calibrate(comm, say):
         if comm.Get_rank() == 0 else None
     comm.Barrier()                      # stored before any rank reads it
     say(f"calibrated on {n} ranks: alpha {constants['alpha'] * 1e6:.2f} us per message, "
-        f"beta {constants['beta'] * 1e9:.4f} ns per byte, gamma {constants['gamma'] * 1e9:.4f} ns per byte")
+        f"beta {constants['beta'] * 1e9:.4f} ns per byte, "
+        f"gamma {constants['gamma'] * 1e9:.4f} ns per byte")
     say(f"stored in {where}")
     from minidist.plan.collectives import cheapest, crossovers
     a, b, g = constants["alpha"], constants["beta"], constants["gamma"]
-    plan = {"plan": [(0, cheapest(0, n, a, b, g))] + [(m, hi) for m, _, hi in crossovers(n, a, b, g)]}
+    steps = [(m, faster) for m, _, faster in crossovers(n, a, b, g)]
+    plan = {"plan": [(0, cheapest(0, n, a, b, g))] + steps}
     say(f"auto at {n} ranks: {tuning.plan_words(plan)}")
     return 0
 

@@ -200,7 +200,7 @@ def slowest_medians(comm, calls, iters, warmup=0):
             t0 = MPI.Wtime()
             call()
             t = np.array([MPI.Wtime() - t0])
-            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)     # a collective ends with its slowest rank
+            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)   # a collective ends with its slowest rank
             if i >= warmup:
                 times[name].append(t[0])
     return {k: float(np.median(v)) for k, v in times.items()}

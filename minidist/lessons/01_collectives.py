@@ -21,8 +21,9 @@ import re
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import (all_reduce, all_to_all, broadcast, chunk_bounds, mpi_all_reduce, naive_all_reduce,
-                           rabenseifner_all_reduce, recursive_doubling_all_reduce, reduce,
+from minidist.comm import (all_reduce, all_to_all, broadcast, chunk_bounds, mpi_all_reduce,
+                           naive_all_reduce, rabenseifner_all_reduce,
+                           recursive_doubling_all_reduce, reduce,
                            ring_all_gather, ring_all_reduce, ring_reduce_scatter, stats, tuning)
 from minidist.lessons import harness
 from minidist.lessons.harness import fmt_bytes, say
@@ -240,7 +241,8 @@ def main(args):
     tol = TOLERANCE[dtype.name]
     worst = max(errors.values())
     bytes_ok = all(measured[k] == expect[k] for k in measured if measured[k] is not None)
-    say(f"\nmeasured bytes {'equal' if bytes_ok else 'DIFFER FROM'} the formulas (M divides by N and P)")
+    verb = "equal" if bytes_ok else "DIFFER FROM"
+    say(f"\nmeasured bytes {verb} the formulas (M divides by N and P)")
     report = harness.new_report(
         "01_collectives", args, steps=None,
         match=bool(worst <= tol and bytes_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
@@ -273,15 +275,17 @@ def alpha_beta(comm, n, M, repeats):
     a, b, g = c["alpha"], c["beta"], c["gamma"]
     p2, lg = power_of_two_below(n), power_of_two_below(n).bit_length() - 1
     say(f"\nalpha-beta model, N = {n}, P = {p2} (Thakur, Rabenseifner and Gropp 2005;")
-    say("docs/reference.md#the-alpha-beta-cost-model): a per message, b per byte sent, g per byte added")
+    say("docs/reference.md#the-alpha-beta-cost-model): "
+        "a per message, b per byte sent, g per byte added")
     say(f"  ring           2(N-1) a + 2(N-1)/N M b + (N-1)/N M g  = {2 * (n - 1)} a + "
         f"{2 * (n - 1) / n:.2f} M b + {(n - 1) / n:.2f} M g")
     say(f"  Rabenseifner   2 lg P a + 2(P-1)/P M b + (P-1)/P M g  = {2 * lg} a + "
         f"{2 * (p2 - 1) / p2:.2f} M b + {(p2 - 1) / p2:.2f} M g")
     say(f"  rec. doubling  lg P (a + M b + M g)                   = {lg} (a + M b + M g)")
     if n != p2:
-        say(f"  and both of the last two fold {n - p2} rank{'s' * (n - p2 > 1)} in first and out at the end:"
-            " + 2 a + 2 M b + M g")
+        ranks = f"{n - p2} rank{'s' * (n - p2 > 1)}"
+        say(f"  and both of the last two fold {ranks} in first and out at the end: "
+            "+ 2 a + 2 M b + M g")
     say(f"  measured here: a = {a * 1e6:.1f} us per message (one more Sendrecv of 8 B in a call, "
         f"all ranks),")
     rate = lambda s: f"{1 / s / 1e9:.2f} GB/s" if s > 0 else "too fast to see here"
@@ -299,7 +303,8 @@ def alpha_beta(comm, n, M, repeats):
         for k in names:
             times[k].append(got[k])
         best = lambda t: TINY[min(t, key=t.get)]
-        rows.append([fmt_bytes(x.nbytes)] + [f"{model[k] * 1e3:.3f} / {got[k] * 1e3:.3f}" for k in names]
+        rows.append([fmt_bytes(x.nbytes)]
+                    + [f"{model[k] * 1e3:.3f} / {got[k] * 1e3:.3f}" for k in names]
                     + [f"{best(model)} / {best(got)}"])
     harness.table(rows, header=["M", "ring ms (model / measured)", "Rabenseifner", "rec. doubling",
                                 "fastest (model / measured)"])
@@ -307,14 +312,16 @@ def alpha_beta(comm, n, M, repeats):
     cross, agree = {}, []
     rows = []
     for lo, hi in tuning.PAIRS:
-        model, seen = crossover(lo, hi, n, a, b, g), tuning.measured_crossover(sizes, times[lo], times[hi])
+        model = crossover(lo, hi, n, a, b, g)
+        seen = tuning.measured_crossover(sizes, times[lo], times[hi])
         ratio = model / seen if model is not None and seen is not None else None
         if model is not None or seen is not None:
             agree.append(ratio is not None and 0.5 <= ratio <= 2)
         cross[f"{lo}->{hi}"] = {"model_bytes": model, "measured_bytes": seen}
         rows.append([f"{SHORT[lo]} -> {SHORT[hi]}", tuning.describe(model), tuning.describe(seen),
                      "-" if ratio is None else f"{ratio:.2f}"])
-    harness.table(rows, header=["pair", "model", f"measured (8 B to {fmt_bytes(M)})", "model/measured"])
+    harness.table(rows, header=["pair", "model", f"measured (8 B to {fmt_bytes(M)})",
+                                "model/measured"])
     plan = tuning.agreed(comm)
     say(f"  algorithm='auto' picks: {tuning.plan_words(plan)}")
     say(f"    (constants: {plan['source']})")
@@ -322,7 +329,8 @@ def alpha_beta(comm, n, M, repeats):
         f"{len(agree)} pairs.")
     if n > (os.cpu_count() or n):
         say(f"  Here {n} ranks share {os.cpu_count()} cores: ranks take turns on the CPU, so every message")
-        say("  also waits for its receiver to be scheduled: measured times are noisy and sit above the model.")
+        say("  also waits for its receiver to be scheduled: measured times are noisy and sit above "
+            "the model.")
     return {"alpha_s": a, "beta_s_per_byte": b, "gamma_s_per_byte": g, "crossovers": cross}
 
 

@@ -23,7 +23,8 @@ from mpi4py import MPI
 
 from minidist.comm import all_reduce, stats, tuning
 from minidist.plan.collectives import (cheapest, formulas, power_of_two_below,
-                                       rabenseifner_all_reduce_sent, recursive_doubling_all_reduce_sent)
+                                       rabenseifner_all_reduce_sent,
+                                       recursive_doubling_all_reduce_sent)
 from mpi_helpers import assert_same_on_all_ranks, inputs
 
 pytestmark = pytest.mark.mpi
@@ -74,7 +75,8 @@ def test_random_floats_equal_to_mpi_within_1e_12_and_in_the_stated_order(comm, a
         what = f"{algorithm}, float64, length {n} on {size} ranks"
         if n:
             scale = max(float(np.max(np.abs(want))), 1.0)
-            assert float(np.max(np.abs(got - want))) <= RTOL * scale, f"{what}: beyond 1e-12 of MPI's"
+            assert float(np.max(np.abs(got - want))) <= RTOL * scale, \
+                f"{what}: beyond 1e-12 of MPI's"
         assert np.array_equal(got, tree_sum(xs)), f"{what}: not added in the stated order"
         assert_same_on_all_ranks(comm, got, what)
 
@@ -101,21 +103,22 @@ def test_bytes_sent_by_every_rank_equal_the_formula(comm, algorithm):
         with stats.measure() as m:
             all_reduce(comm, x, algorithm=algorithm, check=False)
         want = SENT[algorithm](n, size, rank) * x.itemsize
-        assert m.bytes_sent("all_reduce") == want, \
-            f"{algorithm}, length {n}: rank {rank} sent {m.bytes_sent('all_reduce')} B, formula {want} B"
+        sent = m.bytes_sent("all_reduce")
+        assert sent == want, f"{algorithm}, length {n}: rank {rank} sent {sent} B, formula {want} B"
         assert set(m) <= {"all_reduce"}, f"counted under {sorted(m)}, not only all_reduce"
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_the_busiest_rank_sends_the_closed_form(comm, algorithm):
-    """M divisible by P: recursive doubling (lg P + [N != P]) M, Rabenseifner 2(P-1)/P M + [N != P] M."""
+    """M divisible by P: recursive doubling (lg P + [N != P]) M,
+    Rabenseifner 2(P-1)/P M + [N != P] M."""
     size = comm.Get_size()
     x = np.ones(8 * power_of_two_below(size) * 3, np.float64)
     with stats.measure() as m:
         all_reduce(comm, x, algorithm=algorithm, check=False)
     busiest = np.array([m.bytes_sent("all_reduce")])
     comm.Allreduce(MPI.IN_PLACE, busiest, op=MPI.MAX)
-    label = "all_reduce (recursive doubling)" if algorithm == "recursive_doubling" else "all_reduce (rabenseifner)"
+    label = f"all_reduce ({algorithm.replace('_', ' ')})"
     assert busiest[0] == formulas(size, x.nbytes)[label]
 
 
@@ -132,7 +135,7 @@ def test_auto_uses_rank_0s_constants_on_every_rank(comm, monkeypatch):
     try:
         plan = tuning.agreed(fresh)
         want = {"alpha": 1e-3, "beta": 1e-12, "gamma": 1e-12}
-        assert {k: plan[k] for k in want} == want, f"rank {rank} holds {plan}, not rank 0's constants"
+        assert {k: plan[k] for k in want} == want, f"rank {rank} holds {plan}, not rank 0's"
         for nbytes in (8, 4096, 2**20, 2**26):
             picked = tuning.choose(fresh, nbytes)
             assert picked == cheapest(nbytes, size, **want)
