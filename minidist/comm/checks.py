@@ -33,7 +33,7 @@ OPS = ("sum", "avg", "max")
 KINDS = ("ring_all_reduce", "naive_all_reduce", "recursive_doubling_all_reduce",
          "rabenseifner_all_reduce", "mpi_all_reduce", "ring_all_reduce_start",
          "ring_reduce_scatter", "ring_all_gather", "broadcast", "reduce", "all_to_all",
-         "all_to_all_v", "send")
+         "all_to_all_v", "send", "auto_all_reduce")
 
 
 def is_bfloat16(dtype):

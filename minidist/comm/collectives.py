@@ -218,6 +218,9 @@ def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
     algorithm = impl if impl is not None else algorithm
     impls = _IMPLS or _import_impls()
     if algorithm == "auto":
+        if check:   # agree on the input first: inputs of different sizes could pick differently
+            exchange(comm, np.asarray(x), "auto_all_reduce", op=op)
+            check = False
         algorithm = impls["choose"](comm, np.asarray(x).nbytes)
     if algorithm == "mpi":
         if check:

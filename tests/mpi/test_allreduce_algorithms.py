@@ -158,3 +158,18 @@ def test_auto_falls_back_to_the_defaults_when_nothing_is_stored(comm, monkeypatc
         assert "defaults" in plan["source"]
     finally:
         fresh.Free()
+
+
+def test_auto_with_inputs_that_disagree_names_the_input_not_the_algorithm(comm):
+    """Sizes on both sides of a crossover would pick different algorithms: the check comes first."""
+    from minidist.comm import MismatchError
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        pytest.skip("a disagreement needs two ranks")
+    x = np.ones(4 if rank else 2**20)
+    try:
+        all_reduce(comm, x, algorithm="auto")
+        text = None
+    except MismatchError as e:
+        text = str(e)
+    assert text is not None and "auto_all_reduce: ranks disagree on the input" in text, text
