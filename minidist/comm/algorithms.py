@@ -46,30 +46,32 @@ TAG_DOUBLING, TAG_FOLD, TAG_HALVING, TAG_GATHERING = 30013, 30014, 30015, 30016
 # ----------------------------------------------------------------------------- the fold
 
 def _start(comm, x, name, op, check):
-    """Check (or refuse), then a flat copy of x to reduce into."""
+    """Check (or refuse); then x flat (a view: only ever read) and the result's buffer."""
     if check:
         exchange(comm, x, name, op=op)
     else:
         refuse(comm, x, name, op=op)
-    return np.array(x, copy=True, order="C").reshape(-1)
+    src = np.asarray(x, order="C").reshape(-1)
+    return src, np.empty_like(src)
 
 
-def _fold_in(comm, acc, combine):
+def _fold_in(comm, src, acc, combine):
     """Fold N down to P ranks. Returns (my virtual rank among the P, or None if I gave my
-    array away; P; real(v) -> the real rank of virtual rank v)."""
+    array away; P; real(v) -> the real rank of virtual rank v; the array that holds my
+    partial sum now: src, or acc once something was added)."""
     size, rank = comm.Get_size(), comm.Get_rank()
     p2 = 1 << (size.bit_length() - 1)                     # largest power of two <= N
     extra = size - p2
     real = lambda v: 2 * v + 1 if v < extra else v + extra
     if rank < 2 * extra and rank % 2 == 0:
-        _send(comm, acc, rank + 1)                        # hand my array to my odd neighbour
-        return None, p2, real
+        _send(comm, src, rank + 1)                        # hand my array to my odd neighbour
+        return None, p2, real, None
     if rank < 2 * extra:
-        incoming = np.empty_like(acc)
+        incoming = np.empty_like(src)
         _recv(comm, incoming, rank - 1)                   # take my even neighbour's array...
-        combine(incoming, acc, out=acc)                   # ...and add it, lower rank first
-        return rank // 2, p2, real
-    return rank - extra, p2, real
+        combine(incoming, src, out=acc)                   # ...and add it, lower rank first
+        return rank // 2, p2, real, acc
+    return rank - extra, p2, real, src
 
 
 def _fold_out(comm, acc, vrank):
@@ -92,18 +94,20 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
     """All-reduce in lg P rounds of whole-array swaps (any N: the extra ranks fold in first)."""
     x = np.asarray(x)
     with stats.counting("all_reduce"), waiting("recursive_doubling_all_reduce"):
-        acc = _start(comm, x, "recursive_doubling_all_reduce", op, check)
+        src, acc = _start(comm, x, "recursive_doubling_all_reduce", op, check)
         combine = reduce_ufunc(op)
-        vrank, p2, real = _fold_in(comm, acc, combine)
+        vrank, p2, real, mine = _fold_in(comm, src, acc, combine)
         if vrank is not None:
             incoming = np.empty_like(acc)
             distance = 1
             while distance < p2:
                 partner = real(vrank ^ distance)
                 # swap whole arrays with the partner, then both add the same two arrays
-                sendrecv(comm, acc, partner, incoming, partner, TAG_DOUBLING)
-                combine(acc, incoming, out=acc)
-                distance *= 2
+                sendrecv(comm, mine, partner, incoming, partner, TAG_DOUBLING)
+                combine(mine, incoming, out=acc)
+                mine, distance = acc, distance * 2
+            if mine is src:                               # one rank: nothing was added
+                acc[:] = src
         _fold_out(comm, acc, vrank)
         return _finish(acc, x, op, comm.Get_size())
 
@@ -122,9 +126,11 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
     """
     x = np.asarray(x)
     with stats.counting("all_reduce"), waiting("rabenseifner_all_reduce"):
-        acc = _start(comm, x, "rabenseifner_all_reduce", op, check)
+        src, acc = _start(comm, x, "rabenseifner_all_reduce", op, check)
         combine = reduce_ufunc(op)
-        vrank, p2, real = _fold_in(comm, acc, combine)
+        vrank, p2, real, mine = _fold_in(comm, src, acc, combine)
+        if vrank is not None and p2 == 1 and mine is src:
+            acc[:] = src                                      # one rank: nothing to add
         if vrank is not None and p2 > 1:
             b = chunk_bounds(acc.size, p2)
             incoming = np.empty(max(b[p2 // 2], acc.size - b[p2 // 2]), acc.dtype)  # a half
@@ -133,12 +139,13 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
                 partner, mid = real(vrank ^ distance), (lo + hi) // 2
                 lower, upper = (lo, mid), (mid, hi)
                 keep, give = (lower, upper) if vrank & distance == 0 else (upper, lower)
-                mine, got = acc[b[keep[0]]:b[keep[1]]], incoming[:b[keep[1]] - b[keep[0]]]
+                kept, given = slice(b[keep[0]], b[keep[1]]), slice(b[give[0]], b[give[1]])
+                got = incoming[:kept.stop - kept.start]
                 # give away my piece of the other half, take the partner's piece of mine, add it
-                sendrecv(comm, acc[b[give[0]]:b[give[1]]], partner, got, partner, TAG_HALVING)
-                combine(mine, got, out=mine)
+                sendrecv(comm, mine[given], partner, got, partner, TAG_HALVING)
+                combine(mine[kept], got, out=acc[kept])
                 rounds.append((partner, keep, give))
-                (lo, hi), distance = keep, distance * 2
+                (lo, hi), distance, mine = keep, distance * 2, acc
             for partner, keep, give in reversed(rounds):
                 # send the part I hold, reduced; the partner's lands in the half I gave away
                 sendrecv(comm, acc[b[keep[0]]:b[keep[1]]], partner,
