@@ -30,7 +30,10 @@ class GridError(AgreedError):
 
 class ProcessGrid:
     def __init__(self, tp=1, pp=1, dp=None, comm=None):
-        self.world = MPI.COMM_WORLD if comm is None else comm
+        if comm is None:           # COMM_WORLD, its sends delayed when MINIDIST_LINKS is set
+            from minidist.comm.links import from_environment
+            comm = from_environment()
+        self.world = comm
         size = self.world.Get_size()
         for name, v in (("tp", tp), ("pp", pp), ("dp", dp)):
             if v is not None and (not isinstance(v, int) or v < 1):

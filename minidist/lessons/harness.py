@@ -45,12 +45,13 @@ class Captured:
 
 
 def comm_world():
-    """The communicator a lesson runs on: COMM_WORLD, or the one `running` chose."""
+    """The communicator a lesson runs on: COMM_WORLD, or the one `running` chose.
+    With MINIDIST_LINKS set, COMM_WORLD under minidist/comm/links.py's link model."""
     comm = getattr(_here, "comm", None)
     if comm is not None:
         return comm
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
+    from minidist.comm.links import from_environment
+    return from_environment()      # COMM_WORLD; its sends delayed when MINIDIST_LINKS is set
 
 
 @contextmanager

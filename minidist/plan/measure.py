@@ -1,0 +1,325 @@
+"""The planner against a time-scaled cluster on this machine (issue 22, validation 2).
+
+    mpirun -n 8 python -m minidist.lessons.12_plan --measure
+
+Lesson 07's 3D training runs under the link model of minidist/comm/links.py (8 ranks as
+2 simulated nodes of 4) for every factorisation tp x pp x dp of the world that the model
+allows; each step is timed (a barrier before it, the slowest rank's time, the median of
+the steps after warm-up). The planner (cost.estimate) predicts the same layouts with this
+CPU as the "GPU" (its FLOP/s measured per rank while all ranks run at once, since they
+share the cores) and a Cluster whose links are the link model's. The two rankings are
+compared with Spearman's rank correlation (Spearman 1904; ties take their average rank).
+
+The time scale: the real cluster's bandwidths divided by X = (GPU peak) / (this CPU's FLOP/s
+per rank) keep its compute-to-communication ratio (links.py). The toy model moves far more
+bytes per FLOP than a real one (its hidden size is ~100 times smaller, its tokens per step
+~1000 times fewer), so at that X its steps are minutes of communication; `ease` divides X
+by a stated factor (this project's choice, the same for every layout) to keep a run short.
+
+Run on its own: run(comm) returns the rows; table(rows) formats them.
+"""
+import importlib
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import links as linkmodel
+
+# The model every layout runs (8 heads and 8 layers: every tp and pp of 8 ranks divides them).
+SHAPE = dict(n_layer=8, n_head=8, n_embd=64, block_size=64, batch_size=16, dtype="float32")
+# The literal time scale divided by this (see the module docstring): this project's choice.
+EASE = 100.0
+
+
+def factorisations(size):
+    """Every (tp, pp, dp) with tp * pp * dp == size, tp fastest-growing first."""
+    return [(t, p, size // (t * p)) for t in range(1, size + 1) if size % t == 0
+            for p in range(1, size // t + 1) if (size // t) % p == 0]
+
+
+def sustained_flops(comm, n=256, m=None, k=None, seconds=1.0, dtype="float32"):
+    """FLOP/s per rank of (m x k) @ (k x n) products (square by default) while every rank
+    of comm runs them at once.
+
+    metrics.measure_peak_flops keeps the best single product, which fits inside one
+    scheduler time slice and so sees a whole core; ranks that share cores get a share of
+    them, which only a count over a long window sees. The mean over the ranks."""
+    rng = np.random.default_rng(comm.Get_rank())
+    m, k = m or n, k or n
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype)
+    np.matmul(a, b, out=out)
+    comm.Barrier()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        np.matmul(a, b, out=out)
+        count += 1
+    mine = np.array([2.0 * m * k * n * count / (time.perf_counter() - start)])
+    total = np.empty(1)
+    comm.Allreduce(mine, total, op=MPI.SUM)
+    return float(total[0]) / comm.Get_size()
+
+
+def _lesson07():
+    return importlib.import_module("minidist.lessons.07_3d_parallel")
+
+
+def lesson_args(tp, pp, dp, shape=SHAPE, steps=4, zero=1):
+    """Lesson 07's own flags for one layout (its parser, so its defaults and checks hold)."""
+    flags = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--steps", str(steps), "--zero", str(zero)]
+    for k, v in shape.items():
+        flags += [f"--{k.replace('_', '-')}", str(v)]
+    return _lesson07().build_parser().parse_args(flags)
+
+
+def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1):
+    """Seconds per training step of lesson 07's 3D run at tp x pp x dp on comm (wrapped or
+    not): each step starts after a barrier on the unwrapped communicator and lasts until
+    the slowest rank ends it; the median of the steps after `warmup`. Also returns m.
+    zero=1: ZeRO-1 over dp (one reduce-scatter and one all-gather of a flat buffer, as the
+    planner counts; plain averaging all-reduces every parameter apart)."""
+    from minidist.comm import ProcessGrid
+    from minidist.lessons import common
+    from minidist.model import GPT
+    from minidist.parallel.parallel_3d import Parallel3D, build_stage
+    from minidist.parallel.zero import ZeRO
+    from minidist.train import TrainConfig, get_lr, micro_batches, train_step
+    l07 = _lesson07()
+    args = lesson_args(tp, pp, dp, shape, steps + warmup, zero)
+    cfg = common.config_from_args(args, comm.Get_size())
+    tp, pp, dp, v, m = l07.check_input(args, cfg, comm.Get_size())
+    data = common.load_dataset(args, comm)
+    grid = ProcessGrid(tp=tp, pp=pp, dp=dp, comm=comm)
+    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    stage, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, v)
+    opt = stage.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
+    slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
+    per_dp = args.batch_size // dp
+    rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
+    base = linkmodel.unwrap(comm)
+    times = []
+    for step in range(args.steps):
+        x, y = data.get_batch("train", args.batch_size, step)
+        batches = micro_batches(x[rows], y[rows], step, args.seed, m, first_sample=rows.start)
+        base.Barrier()
+        t0 = time.perf_counter()
+        train_step(stage, slot, batches, get_lr(step, tc), tc.grad_clip, dp=slot)
+        took = np.array([time.perf_counter() - t0])
+        slowest = np.empty(1)
+        base.Allreduce(took, slowest, op=MPI.MAX)
+        times.append(float(slowest[0]))
+    grid.free()
+    return float(np.median(times[warmup:])), m
+
+
+def stream_bandwidth(comm, nbytes=8 << 20, seconds=0.5):
+    """Memory bytes/s per rank of c = a + b on arrays of nbytes (3 nbytes moved each time),
+    every rank of comm at once, the mean over ranks: the "HBM" of this CPU's GPU."""
+    a, b = np.ones(nbytes // 8), np.ones(nbytes // 8)
+    c = np.empty_like(a)
+    comm.Barrier()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        np.add(a, b, out=c)
+        count += 1
+    mine = np.array([3.0 * a.nbytes * count / (time.perf_counter() - start)])
+    total = np.empty(1)
+    comm.Allreduce(mine, total, op=MPI.SUM)
+    return float(total[0]) / comm.Get_size()
+
+
+def machine_alpha(comm, repeats=20):
+    """Seconds per message step of this machine's own ring (no link model): a ring
+    all-reduce of one float over comm, divided by its 2(N-1) steps, the slowest rank, the
+    median of `repeats`. On ranks that share cores this is a scheduler's hand-over, not a
+    wire: it joins the link model's alpha in the prediction."""
+    from minidist.comm import ring_all_reduce
+    n = comm.Get_size()
+    if n == 1:
+        return 0.0
+    x, times = np.ones(1), []
+    for _ in range(repeats + 2):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        ring_all_reduce(comm, x)
+        took, slowest = np.array([time.perf_counter() - t0]), np.empty(1)
+        comm.Allreduce(took, slowest, op=MPI.MAX)
+        times.append(float(slowest[0]))
+    return float(np.median(times[2:])) / (2 * (n - 1))
+
+
+def megatron_placement(tp, pp, dp, per_node):
+    """The simulated node of each world rank when the cluster numbers its GPUs in
+    Megatron's order (tp, then dp, then pp: the order cost.py assumes) while lesson 07's
+    grid numbers its ranks tp, then pp, then dp: the process at grid coordinates
+    (d, p, t) sits on GPU p*dp*tp + d*tp + t, nodes holding per_node GPUs in blocks."""
+    from minidist.comm.grid import grid_coords
+    nodes = []
+    for r in range(tp * pp * dp):
+        d, p, t = grid_coords(r, tp, pp, dp)
+        nodes.append((p * dp * tp + d * tp + t) // per_node)
+    return nodes
+
+
+def spearman(xs, ys):
+    """Spearman's rank correlation: Pearson's correlation of the ranks, tied values
+    taking the mean of the ranks they span (Spearman 1904). None when a side is constant."""
+    def ranks(v):
+        v = list(v)
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1      # ranks i+1..j+1, their mean
+            i = j + 1
+        return r
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} values against {len(ys)}")
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(rx)
+    mx, my = sum(rx) / n, sum(ry) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / (sxx * syy) ** 0.5
+
+
+def cpu_cluster(flops, hbm, links, alpha, itemsize, size, efficiency=1.0):
+    """The planner's Cluster for the time-scaled machine: a GPU whose peak is this CPU's
+    FLOP/s per rank (measured at the model's own matrix product) at `efficiency` (see
+    efficiency()) and whose HBM is its memory bandwidth per rank; links as the link model's, bandwidths
+    divided by its scale, each alpha plus this machine's own per message.
+
+    The planner counts 16-bit activations and gradients (cost.ACT_BYTES; the ZeRO paper's
+    2 + 2 bytes, Layout precision "zero"); the run moves itemsize-byte ones, so bandwidths
+    (and HBM) are multiplied by ACT_BYTES / itemsize: the same seconds for the same message."""
+    from minidist.plan.cluster import GPU, make_cluster
+    from minidist.plan.cost import ACT_BYTES
+    k = ACT_BYTES / itemsize
+    (ia, ib), (ea, eb) = links.links["intra"], links.links["inter"]
+    gpu = GPU("this-cpu", flops, 1e15, hbm * k, efficiency, ib / links.scale * k, eb / links.scale * k,
+              "measured here: FLOP/s and memory bandwidth per rank, all ranks at once")
+    return make_cluster(None, size, links.per_node, intra_bw=gpu.intra_bw, intra_alpha=ia + alpha,
+                        inter_bw=gpu.inter_bw, inter_alpha=ea + alpha, gpu=gpu)
+
+
+def predict(cluster, tp, pp, dp, m, shape=SHAPE):
+    """cost.estimate of lesson 07's run at tp x pp x dp with m micro-batches (ZeRO-1 over dp)."""
+    from minidist.plan.cost import Layout, Model, estimate
+    model = Model(shape["n_layer"], shape["n_embd"], shape["n_head"], 256, shape["block_size"],
+                  shape["batch_size"])
+    layout = Layout(tp, pp, dp, shape["batch_size"] // (dp * m), zero=1, precision="zero")
+    return estimate(model, cluster, layout)
+
+
+def efficiency(comm, flops, hbm, itemsize, shape=SHAPE, steps=3):
+    """The one matmul efficiency of this CPU's "GPU", measured: every rank trains the whole
+    model alone (MPI.COMM_SELF, no communication) on its share of the batch, all ranks at
+    once, as layout 1 x 1 x N computes; the efficiency is what makes the planner's compute
+    time equal that step: matrix-product seconds at efficiency 1 over the measured time
+    less the elementwise and optimizer parts. It takes in what the planner leaves out at
+    these small sizes (the engine's Python time per op): one constant, for every layout."""
+    size = comm.Get_size()
+    comm.Barrier()
+    took, m = time_layout(MPI.COMM_SELF, 1, 1, 1, dict(shape, batch_size=shape["batch_size"] // size),
+                          steps, 1)
+    mine, slowest = np.array([took]), np.empty(1)
+    comm.Allreduce(mine, slowest, op=MPI.MAX)
+    links = linkmodel.Links(1, size, (0.0, 1.0))
+    est = predict(cpu_cluster(flops, hbm, links, 0.0, itemsize, size), 1, 1, size, m, shape)
+    matmul = est.compute_s - est.elementwise_s
+    rest = est.elementwise_s + est.optimizer_s
+    return min(1.0, matmul / max(float(slowest[0]) - rest, 1e-12)), float(slowest[0])
+
+
+def layout_problem(tp, pp, dp, shape=SHAPE, size=8):
+    """Why lesson 07 refuses this layout for the shape (its own check_input), or None."""
+    from minidist.lessons import common
+    from minidist.lessons.harness import InputError
+    args = lesson_args(tp, pp, dp, shape)
+    try:
+        _lesson07().check_input(args, common.config_from_args(args, size), size)
+    except InputError as e:
+        return str(e)
+    return None
+
+
+def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmup=1, wait="sleep"):
+    """Measure and predict every layout lesson 07 allows on comm's ranks; see the module
+    docstring. Every rank calls it; every rank gets the same dict:
+      measured: [{tp, pp, dp, micro_batches, measured_step_s, predicted_step_s,
+                  predicted parts}], spearman, best_measured, best_predicted_two,
+      best_in_predicted_two, and what the cluster was built from."""
+    from minidist.plan.cluster import GPUS
+    size = comm.Get_size()
+    if size % per_node:
+        raise ValueError(f"{size} ranks do not fill nodes of {per_node}")
+    itemsize = np.dtype(shape["dtype"]).itemsize
+    rows = shape["batch_size"] // min(4, shape["batch_size"])
+    flops = sustained_flops(comm, n=shape["n_embd"] * 4, m=rows * shape["block_size"], k=shape["n_embd"],
+                            dtype=shape["dtype"])
+    hbm = stream_bandwidth(comm)
+    alpha = machine_alpha(comm)
+    eff, alone = efficiency(comm, flops, hbm, itemsize, shape)
+    real = GPUS[gpu]
+    literal = real.peak_flops / flops               # the time scale that keeps the ratio (links.py)
+    scale = literal / ease
+    out = []
+    for tp, pp, dp in factorisations(size):
+        if layout_problem(tp, pp, dp, shape, size):
+            continue
+        links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw), (0.0, real.inter_bw),
+                                scale, wait, placement=megatron_placement(tp, pp, dp, per_node))
+        took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup)
+        est = predict(cpu_cluster(flops, hbm, links, alpha, itemsize, size, eff), tp, pp, dp, m, shape)
+        out.append({"tp": tp, "pp": pp, "dp": dp, "micro_batches": m, "measured_step_s": took,
+                    "predicted_step_s": est.step_time_s,
+                    "predicted": {k: getattr(est, k) for k in ("compute_s", "tp_s", "pp_s", "dp_s",
+                                                               "bubble_s", "optimizer_s")}})
+    name = lambda r: f"{r['tp']}x{r['pp']}x{r['dp']}"      # noqa: E731
+    by_measured = sorted(out, key=lambda r: r["measured_step_s"])
+    by_predicted = sorted(out, key=lambda r: r["predicted_step_s"])
+    best, two = name(by_measured[0]), [name(r) for r in by_predicted[:2]]
+    return {"measured": out,
+            "spearman": spearman([r["measured_step_s"] for r in out], [r["predicted_step_s"] for r in out]),
+            "best_measured": best, "best_predicted_two": two, "best_in_predicted_two": best in two,
+            "shape": dict(shape), "gpu": gpu, "cpu_flops_per_rank": flops, "cpu_memory_bytes_per_s": hbm,
+            "machine_alpha_s": alpha, "efficiency": eff, "step_alone_s": alone, "scale_literal": literal, "ease": ease, "scale": scale,
+            "links": links.spec() if out else None, "wait": wait, "steps": steps,
+            "warmup": warmup}
+
+
+PARTS = ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s")
+
+
+def table(result):
+    """run()'s result as text lines of at most 100 columns: each layout's measured and
+    predicted step (seconds, 3 significant digits), their ratio, the two ranks, and the
+    predicted parts."""
+    g = lambda x: f"{x:8.3g}"      # noqa: E731  (8 columns for any magnitude)
+    lines = ["  layout          m  measured predicted  ratio  rank m/p" + "".join(
+                 f"{k[:-2]:>8}" for k in PARTS),
+             "  " + "-" * 96]
+    rows = result["measured"]
+    meas = sorted(range(len(rows)), key=lambda i: rows[i]["measured_step_s"])
+    pred = sorted(range(len(rows)), key=lambda i: rows[i]["predicted_step_s"])
+    for i, r in enumerate(rows):
+        name = f"{r['tp']} x {r['pp']} x {r['dp']}"
+        lines.append(f"  {name:<14}{r['micro_batches']:>3}  {g(r['measured_step_s'])}s {g(r['predicted_step_s'])}s"
+                     f"{r['measured_step_s'] / r['predicted_step_s']:>7.2f}{meas.index(i) + 1:>6} /{pred.index(i) + 1:>2}"
+                     + "".join(g(r["predicted"][k]) for k in PARTS))
+    rho = result["spearman"]
+    lines.append(f"  Spearman's rank correlation {'-' if rho is None else f'{rho:.3f}'} (goal >= 0.8); "
+                 f"measured best {result['best_measured']},")
+    lines.append(f"  predicted best two {', '.join(result['best_predicted_two'])}: the measured best is "
+                 + ("among them" if result["best_measured"] in result["best_predicted_two"] else "NOT among them"))
+    return lines

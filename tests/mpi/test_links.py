@@ -1,0 +1,99 @@
+"""The link model (minidist/comm/links.py) under MPI: each message is charged to the link
+it crosses, counted per link class against what the collectives send; a wrapped
+communicator (and one split from it) gives the very same bits as the plain one.
+
+    mpirun -n 4 python -m pytest -q --only-mpi tests/mpi/test_links.py
+
+Counts, never wall-clock times: the delays are made tiny (a huge bandwidth)."""
+import numpy as np
+import pytest
+
+from minidist.comm import links, ring_all_reduce, send, recv
+from minidist.comm.checks import DESC_LEN
+from minidist.plan.collectives import ring_all_reduce_sent
+
+pytestmark = pytest.mark.mpi
+
+UP_TO_RANKS = 4
+WHY = "the link model's counts need two simulated nodes, which 2 and 4 ranks give; 8 adds only time"
+
+ALPHA, BW, SCALE = 1e-7, 1e12, 3.0        # a message waits 0.1 us + a few ns per KB
+
+
+def model(size):
+    """Two simulated nodes (one rank each at 2 ranks, two each at 4)."""
+    return links.Links(2, size // 2, (ALPHA, BW), (2 * ALPHA, BW / 8), SCALE)
+
+
+def expect_ring(lk, world_ranks, me, n, itemsize=8):
+    """{class: [messages, bytes]} a ring all-reduce of n sends from `me` over world_ranks."""
+    size = len(world_ranks)
+    i = world_ranks.index(me)
+    out = {"intra": [0, 0], "inter": [0, 0]}
+    if size > 1:
+        cls = lk.link(me, world_ranks[(i + 1) % size])
+        out[cls] = [2 * (size - 1), ring_all_reduce_sent(n, size, i) * itemsize]
+    return out
+
+
+def counted(lk):
+    return {c: v[:2] for c, v in lk.counts.items()}
+
+
+def test_ring_all_reduce_is_charged_to_its_links_and_bits_do_not_change(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size % 2:
+        pytest.skip("two simulated nodes need an even world")
+    lk = model(size)
+    wrapped = links.wrap(comm, lk)
+    for n in (0, 1, size + 1, 1000):
+        x = np.random.default_rng(rank * 7 + n).standard_normal(n)
+        lk.reset()
+        got = ring_all_reduce(wrapped, x)
+        assert np.array_equal(got, ring_all_reduce(comm, x)), f"n={n}: the wrapped ring differs in bits"
+        want = expect_ring(lk, list(range(size)), rank, n)
+        assert counted(lk) == want, f"rank {rank}, n={n}: counted {counted(lk)}, sent {want}"
+        seconds = sum(lk.links[c][0] * m + b * SCALE / lk.links[c][1] for c, (m, b) in want.items())
+        assert lk.counts["intra"][2] + lk.counts["inter"][2] == pytest.approx(seconds, rel=1e-12)
+
+
+def test_split_communicators_are_wrapped_and_charged_by_world_rank(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size % 2:
+        pytest.skip("two simulated nodes need an even world")
+    lk = model(size)
+    wrapped = links.wrap(comm, lk)
+    sub = wrapped.Split(rank % 2, rank)             # even and odd world ranks
+    plain = comm.Split(rank % 2, rank)
+    try:
+        assert isinstance(sub, links.LinkedComm), "Split of a wrapped communicator must be wrapped"
+        members = [r for r in range(size) if r % 2 == rank % 2]
+        x = np.random.default_rng(rank).standard_normal(37)
+        lk.reset()
+        assert np.array_equal(ring_all_reduce(sub, x), ring_all_reduce(plain, x))
+        assert counted(lk) == expect_ring(lk, members, rank, 37), \
+            f"rank {rank}: a sub-communicator's message goes to the world rank it names"
+    finally:
+        sub.Free()
+        plain.Free()
+
+
+def test_point_to_point_pair_counts_header_and_data(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size % 2:
+        pytest.skip("two simulated nodes need an even world")
+    lk = model(size)
+    wrapped = links.wrap(comm, lk)
+    partner = size - 1 - rank                       # 0 <-> last: always across the two nodes
+    x = np.arange(10, dtype=np.float32) + rank
+    lk.reset()
+    if rank < partner:
+        send(wrapped, x, partner)
+        got = recv(wrapped, partner)
+    else:
+        got = recv(wrapped, partner)
+        send(wrapped, x, partner)
+    assert np.array_equal(got, np.arange(10, dtype=np.float32) + partner)
+    assert lk.counts["intra"][:2] == [0, 0], f"rank {rank} to {partner} is not inside a node"
+    assert lk.counts["inter"][:2] == [2, DESC_LEN * 8 + x.nbytes], \
+        f"send is a header of {DESC_LEN} int64 and the data: {lk.counts['inter']}"
