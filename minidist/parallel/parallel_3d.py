@@ -157,13 +157,14 @@ def expected_traffic(slot, rows, T, clip=True):
     layers = sum(hi - lo for lo, hi in (stage.ranges[s] for s in stage.stages))
     # activation recomputation: each checkpointed layer reruns its forward, 2 more g's (recompute.py)
     again = len(stage.blocks()) if stage.recompute.segment else 0
+    wte = stage.transformer.wte.weight.size if stage.first or stage.last else 0   # the tied table's ends
     zero = slot.zero
     groups = None if zero is None else [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize)
                                         for g in zero.groups]
     return parallel_3d_sent(
         rows // m, T, cfg.n_embd, m, np.dtype(cfg.dtype).itemsize,
         *[(c.Get_size(), c.Get_rank()) for c in (grid.tp_comm, grid.pp_comm, grid.dp_comm)], layers,
-        stage.first, stage.last, stage.stages, stage.p * stage.v, stage.transformer.wte.weight.size,
+        stage.first, stage.last, stage.stages, stage.p * stage.v, wte,
         dp_sizes=[p.size for p in stage.parameters()], zero_groups=groups,
         zero_stage=None if zero is None else zero.stage, recomputed_layers=again,
         sequence_parallel=tpm.sequence_parallel, regather=not tpm.sp_keep_gathered,
