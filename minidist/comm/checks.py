@@ -37,8 +37,9 @@ KINDS = ("ring_all_reduce", "naive_all_reduce", "recursive_doubling_all_reduce",
 
 
 def is_bfloat16(dtype):
-    """True for ml_dtypes' bfloat16 (kind 'V' to NumPy, but a float to every collective)."""
-    return dtype.name == "bfloat16"
+    """True for ml_dtypes' bfloat16 (kind 'V' to NumPy, but a float to every collective).
+    The kind first: dtype.name alone costs microseconds, on every message."""
+    return dtype.kind == "V" and dtype.name == "bfloat16"
 
 
 def wire(buf):
