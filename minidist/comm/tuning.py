@@ -232,7 +232,7 @@ def describe(m):
         return "none"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if m < 1024 or unit == "GiB":
-            return f"{m:.3g} {unit}"
+            return f"{m:.3g} {unit}" if m < 100 else f"{m:.0f} {unit}"
         m /= 1024
 
 
