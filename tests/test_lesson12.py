@@ -81,3 +81,37 @@ def test_an_unknown_gpu_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as stop:
         lesson().build_parser().parse_args(["--gpu", "b200"])
     assert stop.value.code == 2 and "invalid choice: 'b200'" in capsys.readouterr().err
+
+
+def fake_measure(rho, best, two):
+    rows = [{"tp": t, "pp": p, "dp": 8 // (t * p), "micro_batches": 4, "measured_step_s": 0.1 * (i + 1),
+             "predicted_step_s": 0.1 * (i + 1), "predicted": dict.fromkeys(
+                 ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"), 0.01)}
+            for i, (t, p) in enumerate(((1, 1), (2, 1), (2, 2)))]
+    return {"measured": rows, "spearman": rho, "best_measured": best, "best_predicted_two": two,
+            "best_in_predicted_two": best in two}
+
+
+@pytest.mark.parametrize("rho, best, agree", [(0.9, "1x1x8", True), (0.7, "1x1x8", False),
+                                              (0.95, "2x2x2", False), (None, "1x1x8", False)])
+def test_the_measure_verdict_needs_rho_and_the_best_among_the_predicted_two(monkeypatch, rho, best, agree):
+    """The section's verdict from plan.measure.run's result (the run itself, 8 ranks for
+    minutes, is not part of the suite)."""
+    from mpi4py import MPI
+    from minidist.lessons import harness
+    from minidist.plan import measure
+    monkeypatch.setattr(measure, "run", lambda comm: fake_measure(rho, best, ["1x1x8", "2x1x4"]))
+    with harness.running(MPI.COMM_SELF) as said:
+        ok, result = lesson().measured(MPI.COMM_SELF)
+    assert ok is agree and result["spearman"] == rho
+    verdict = said.lines[-1] if said.lines[-1].strip() else said.lines[-2]
+    assert ("the rankings agree" in verdict) is agree and ("DISAGREE" in verdict) is (not agree), said.lines
+    assert all(len(line) <= 100 for line in said.lines), said.lines
+
+
+def test_measure_on_one_rank_is_refused():
+    from mpi4py import MPI
+    from minidist.lessons import harness
+    args = lesson().build_parser().parse_args(["--measure"])
+    with harness.running(MPI.COMM_SELF), pytest.raises(harness.InputError, match="at least two of them"):
+        lesson().main(args)

@@ -271,12 +271,13 @@ def measured(comm):
         f"   lesson 07 at every tp x pp x dp of {comm.Get_size()} ranks, measured beside predicted")
     result = measure.run(comm)
     for line in measure.table(result):
-        say(" " + line)
+        say(line)
     rho, top2 = result["spearman"], result["best_in_predicted_two"]
-    ok = rho is not None and rho >= GOAL_RHO and top2
-    say(f"   Spearman's rho {'-' if rho is None else f'{rho:.2f}'} (goal >= {GOAL_RHO}); the measured best "
-        f"({result['best_measured']}) " + ("is" if top2 else "is NOT") + " among the predicted best two: "
-        + ("agree" if ok else "DISAGREE") + "\n")
+    rho_ok = rho is not None and rho >= GOAL_RHO
+    ok = rho_ok and top2
+    say(f"   rho {'-' if rho is None else f'{rho:.2f}'} {'>=' if rho_ok else 'NOT >='} {GOAL_RHO}; the measured "
+        f"best is {'' if top2 else 'NOT '}among the predicted best two: "
+        + ("the rankings agree" if ok else "they DISAGREE") + "\n")
     return ok, result
 
 
