@@ -167,23 +167,24 @@ def why_tp_8(model, cluster):
 
 # ----------------------------------------------------------------------------- 4. one layout's costs
 
-def costs(model, cluster, est):
+def costs(model, cluster, est, seed):
     """The bubble, the first stage's activations and the DP reduction of one layout, each
     from its formula; the bubble and the micro-batches in flight beside the simulation."""
     lay = est.layout
     t, p, d, b, v = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.chunks
     m = model.global_batch // (d * b)
     name = "interleaved" if v > 1 else "1f1b"
-    say(f"4. What a pipeline costs: {layout_text(lay)}, the best with tp {t} and pp {p} (the seed's TP 8, "
-        f"PP 8\n   and DP 16 at 1024 GPUs); m = {m} micro-batches per step")
+    say(f"4. What a pipeline costs: {layout_text(lay)}, m = {m} micro-batches per step\n   ("
+        + ("the best with tp 8 and pp 8: the seed's TP 8, PP 8, DP 16 at 1024 GPUs)" if seed else
+           "the best layout with a pipeline)" if p > 1 else "no layout with a pipeline fits: p = 1, no bubble)"))
     frac = pipeline.bubble_fraction(name, p, m, v)
     flight = pipeline.in_flight(p, m, v)
     sim = schedules.simulate(schedules.build(name, p, m, v), p, m, v)
     sim_flight = Fraction(sim.peak[0], v)
     ok_bubble, ok_flight = sim.bubble == frac, flight == sim_flight
-    say(f"   bubble ({name}, plan.pipeline.bubble_fraction): (p-1)/(v m + p - 1) = {frac} = {float(frac):.1%} "
-        f"of the step,\n   {est.bubble_s:.2f} s; the schedule simulated in logical time idles "
-        f"{sim.bubble}: {'the same' if ok_bubble else 'DIFFERENT'}")
+    say(f"   bubble ({name}, plan.pipeline.bubble_fraction): (p-1)/(v m + p-1) = {frac}, "
+        f"{float(frac):.1%} of the\n   step, {est.bubble_s:.2f} s; the schedule simulated in logical time "
+        f"idles {sim.bubble}: {'the same' if ok_bubble else 'DIFFERENT'}")
     layers = cost.stage_layers(model.layers, p)[0]
     per_layer = memory.activation_layer_bytes(model.seq, b, model.hidden, model.heads, t, lay.sequence_parallel,
                                               lay.recompute)
@@ -300,7 +301,7 @@ def plan_story(args):
     figures["tp"] = why_tp_8(model, cluster)
     seed = [e for e in ests if e.fits and e.layout.tp == min(8, cluster.gpus_per_node) and e.layout.pp == 8]
     piped = seed[0] if seed else next((e for e in ests if e.fits and e.layout.pp > 1), ests[0])
-    checks["bubble"], checks["in_flight"], figures["costs"] = costs(model, cluster, piped)
+    checks["bubble"], checks["in_flight"], figures["costs"] = costs(model, cluster, piped, bool(seed))
     checks["choice"], figures["choice"] = choice(ests, cluster, args.cap_gb)
     layouts = [e.as_dict() for e in ests[:5]]
     pub = None
