@@ -10,7 +10,7 @@ one node. Before a rank hands a message to MPI, it waits
     alpha + bytes / bandwidth          of the link between the two ranks' nodes
 
 (intra: inside a node, NVLink on a real cluster; inter: between nodes, InfiniBand), the
-alpha-beta cost of a message (Hockney 1994; docs/reference.md#collectives). MPI then
+alpha-beta cost of a message (Hockney 1994; docs/reference.md#the-alpha-beta-cost-model). MPI then
 moves the bytes as fast as it can here, which adds this machine's own cost per message.
 
 The variable's syntax (this project's own), comma-separated key=value items:
@@ -35,9 +35,13 @@ overlaps would be charged more here than on a cluster). MPI's own collectives
 (Allreduce, Bcast, ...) go through undelayed: in minidist they carry only the lessons'
 bookkeeping (reports, agreement checks), never a strategy's data.
 
-wait=sleep gives the core away while waiting: on a machine whose ranks share few cores,
-the other ranks compute meanwhile, as other GPUs would. wait=spin holds it, as a rank
-that waits inside MPI does (MPICH polls). Lesson 12's --measure compares the two.
+How a rank waits, on a machine whose ranks share few cores (8 ranks on 2 here):
+wait=sleep (the default) sleeps out each delay, and every blocking receive, Sendrecv,
+Wait and MPI collective of the wrapped communicator becomes its non-blocking twin tested
+every POLL seconds with sleeps between (doze): a waiting rank takes no core from the
+ranks that compute, as a waiting GPU takes nothing from the others, and is woken at once.
+wait=spin busy-waits each delay and leaves MPI's own blocking calls, which poll without
+pause (MPICH): a waiting rank then holds its core until its time slice ends.
 
 With MINIDIST_LINKS unset nothing is wrapped and nothing changes. A malformed value is
 bad input: rank 0 prints one line, every rank exits 2.
@@ -120,6 +124,29 @@ def wait(seconds, how="sleep"):
         return
     while time.perf_counter() < end:
         pass
+
+
+POLL = 1e-4      # seconds a waiting rank sleeps between tests of its request (wait=sleep)
+
+
+def doze(request, status=None):
+    """Wait for an MPI request, sleeping POLL seconds between tests.
+
+    MPICH's blocking calls poll without pause. On a machine whose ranks share few cores a
+    rank waiting that way holds a core the others need, and gets it back only at its next
+    time slice (measured here, 8 ranks on 2 cores: 2 to 10 ms per ring step); a sleeping
+    rank is woken at once when its sleep ends, as a GPU that waits takes nothing from
+    the others."""
+    while not request.Test(status):
+        time.sleep(POLL)
+
+
+class DozingRequest(MPI.Request):
+    """An MPI request whose Wait is doze()."""
+
+    def Wait(self, status=None):
+        doze(self, status)
+        return True
 
 
 def _number(text, what):
@@ -225,7 +252,10 @@ class LinkedComm:
         if name in SENDS:
             def send(buf, dest, *args, **kw):
                 self._pay(buf, dest)
-                return attr(buf, dest, *args, **kw)
+                req = attr(buf, dest, *args, **kw)
+                if isinstance(req, MPI.Request) and self._links.wait == "sleep":
+                    return DozingRequest(req)
+                return req
             return send
         if name in MAKERS:
             def make(*args, **kw):
@@ -241,7 +271,40 @@ class LinkedComm:
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE,
                  recvtag=MPI.ANY_TAG, status=None):
         self._pay(sendbuf, dest)
-        return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+        if self._links.wait != "sleep":
+            return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+        rreq = self._comm.Irecv(recvbuf, source, recvtag)
+        sreq = self._comm.Isend(sendbuf, dest, sendtag)
+        doze(rreq, status)
+        doze(sreq)
+
+    # -- waiting: under wait=sleep, a rank waiting for MPI sleeps between tests
+    def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
+        if self._links.wait != "sleep":
+            return self._comm.Recv(buf, source, tag, status)
+        doze(self._comm.Irecv(buf, source, tag), status)
+
+    def Irecv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
+        req = self._comm.Irecv(buf, source, tag)
+        return DozingRequest(req) if self._links.wait == "sleep" else req
+
+    def _blocking(self, name, *args):
+        """MPI's own blocking collective, as its non-blocking twin waited out by doze()."""
+        if self._links.wait != "sleep":
+            return getattr(self._comm, name)(*args)
+        doze(getattr(self._comm, "I" + name.lower())(*args))      # Iallreduce, Ibarrier, ...
+
+    def Barrier(self):
+        self._blocking("Barrier")
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        self._blocking("Allreduce", sendbuf, recvbuf, op)
+
+    def Allgather(self, sendbuf, recvbuf):
+        self._blocking("Allgather", sendbuf, recvbuf)
+
+    def Bcast(self, buf, root=0):
+        self._blocking("Bcast", buf, root)
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=MPI.ANY_SOURCE, recvtag=MPI.ANY_TAG,
                          status=None):

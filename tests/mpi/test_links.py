@@ -20,9 +20,9 @@ WHY = "the link model's counts need two simulated nodes, which 2 and 4 ranks giv
 ALPHA, BW, SCALE = 1e-7, 1e12, 3.0        # a message waits 0.1 us + a few ns per KB
 
 
-def model(size):
+def model(size, wait="sleep"):
     """Two simulated nodes (one rank each at 2 ranks, two each at 4)."""
-    return links.Links(2, size // 2, (ALPHA, BW), (2 * ALPHA, BW / 8), SCALE)
+    return links.Links(2, size // 2, (ALPHA, BW), (2 * ALPHA, BW / 8), SCALE, wait)
 
 
 def expect_ring(lk, world_ranks, me, n, itemsize=8):
@@ -40,11 +40,12 @@ def counted(lk):
     return {c: v[:2] for c, v in lk.counts.items()}
 
 
-def test_ring_all_reduce_is_charged_to_its_links_and_bits_do_not_change(comm):
+@pytest.mark.parametrize("wait", links.WAITS)
+def test_ring_all_reduce_is_charged_to_its_links_and_bits_do_not_change(comm, wait):
     size, rank = comm.Get_size(), comm.Get_rank()
     if size % 2:
         pytest.skip("two simulated nodes need an even world")
-    lk = model(size)
+    lk = model(size, wait)
     wrapped = links.wrap(comm, lk)
     for n in (0, 1, size + 1, 1000):
         x = np.random.default_rng(rank * 7 + n).standard_normal(n)
