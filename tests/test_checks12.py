@@ -97,10 +97,6 @@ def plugged_in(number, fn):
         session.free()
 
 
-def test_the_plug_in_run_passes_the_package_answer():
-    plugged_in("12.4", choosing.choose)
-
-
 def test_only_the_lesson_catches_a_stage_3_that_differs_in_use():
     """Right when the check calls it, the weights whole when the package does: the lesson's
     ZeRO-paper figures differ."""

@@ -16,7 +16,7 @@ All four are plain Python in one process:
     python -m minidist.grade lessons/exercises/12_plan.py
 
 After the unit checks, each check plugs your function into the package and runs lesson
-12 with it (python -m minidist.lessons.12_plan at 64 GPUs), which holds the ZeRO memory to
+12 with it (python -m minidist.lessons.12_plan, 7B on 16 GPUs), which holds the ZeRO memory to
 the paper's published figures, the bubble and the in-flight count to a simulation of the
 schedule, and the chosen layout to the rule (it fits, and nothing that fits is faster).
 
