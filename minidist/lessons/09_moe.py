@@ -32,7 +32,8 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.moe import expert_capacity
 from minidist.parallel.expert_parallel import expert_parallel
-from minidist.plan.traffic import moe_sent
+from minidist.plan.flops import flops_per_token
+from minidist.plan.traffic import moe_bytes, moe_sent
 from minidist.train import TrainConfig
 
 A2A = "all_to_all"          # the counter the dispatch and combine rows are counted under
@@ -280,12 +281,12 @@ def main(args):
     say(f"  over the run, the busiest rank: measured {meas_total:,} B, formula {form_total:,} B"
         + ("  equal" if meas_total == form_total and a2a_equal else "  DIFFERS"))
     say(f"  uniform routing would send about 4 k (N-1)/N x {group} tokens x C x {item} B = "
-        f"{fmt_bytes(4 * cfg.top_k * (ep - 1) / ep * group * row_bytes * len(moe_blocks))} per rank and step")
+        f"{fmt_bytes(moe_bytes(group, cfg.top_k, cfg.n_embd, ep, item) * len(moe_blocks))} per rank and step")
 
     # --- parameters and FLOPs per token
     total, active, router, one = parameter_counts(ref_model, cfg)
     L, H, T = cfg.n_layer, cfg.n_head, cfg.block_size
-    attn = 12 * L * H * (cfg.n_embd // H) * T
+    fpt = lambda n: flops_per_token(L, H, cfg.n_embd // H, T, n)   # noqa: E731  6N + 12LHQT
     dense_active = active - router
     held = sum(p.size for p in model.parameters()) - model.transformer.wpe.weight.size
     nb = len(moe_blocks)
@@ -297,9 +298,9 @@ def main(args):
         f"{'s' * (E // ep > 1)} per MoE block (the most of any rank)")
     say("\ntraining FLOPs per token = 6N + 12LHQT (lesson 00's rule; N = parameters a token uses)")
     harness.table([
-        ["this MoE model", f"{active:,}", f"{(6 * active + attn) / 1e6:.2f}"],
-        [f"dense, MLPs {cfg.top_k} x wide (same active)", f"{dense_active:,}", f"{(6 * dense_active + attn) / 1e6:.2f}"],
-        ["dense, all parameters active", f"{total:,}", f"{(6 * total + attn) / 1e6:.2f}"],
+        ["this MoE model", f"{active:,}", f"{fpt(active) / 1e6:.2f}"],
+        [f"dense, MLPs {cfg.top_k} x wide (same active)", f"{dense_active:,}", f"{fpt(dense_active) / 1e6:.2f}"],
+        ["dense, all parameters active", f"{total:,}", f"{fpt(total) / 1e6:.2f}"],
     ], header=["model", "N", "MFLOP/token"])
     say(f"  the MoE model holds {total / dense_active:.2f}x the parameters of the dense model with its FLOPs;\n"
         f"  its extra FLOPs are the routers' 6 x {router:,} (and, uncounted, the all-to-alls' time)")
@@ -312,8 +313,8 @@ def main(args):
                "routed_choices_per_step_and_layer": cfg.top_k * tokens, "capacity": cap if cap is not None else -1,
                "params_total": total, "params_active_per_token": active, "params_per_rank": int(
                    common.mpi_reduce(comm, held)),
-               "flops_per_token_moe": 6 * active + attn, "flops_per_token_dense_same_active": 6 * dense_active + attn,
-               "flops_per_token_dense_same_total": 6 * total + attn}
+               "flops_per_token_moe": fpt(active), "flops_per_token_dense_same_active": fpt(dense_active),
+               "flops_per_token_dense_same_total": fpt(total)}
     report = harness.new_report(
         "09_moe", args, parallel={"dp": world, "ep": ep, "tp": 1, "pp": 1, "experts": E, "top_k": cfg.top_k,
                                   "capacity_factor": cfg.capacity_factor, "moe_every": cfg.moe_every},
