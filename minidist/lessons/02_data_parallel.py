@@ -28,6 +28,7 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.data_parallel import (BucketedDataParallel, NaiveDataParallel,
                                              broadcast_parameters, replica_checksums)
+from minidist.plan.traffic import dp_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig, micro_batches
 
@@ -122,7 +123,7 @@ def main(args):
     sent = int(common.mpi_reduce(comm, m.bytes_sent("all_reduce") // args.steps))
     msgs = int(common.mpi_reduce(comm, m.messages("all_reduce") // args.steps))
     grad_bytes = sum(p.data.nbytes for p in model.parameters())
-    expected = 2 * (world - 1) * grad_bytes // world
+    expected = int(dp_bytes(grad_bytes, world, 1))          # 2(N-1)/N of M bytes, whole bytes
     crcs = replica_checksums(model, comm)
     mem = harness_memory(model, opt, dp, comm)
 

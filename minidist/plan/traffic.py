@@ -26,7 +26,7 @@ from minidist.plan.pipeline import p2p_bytes
 
 def dp_bytes(n_params, n_d, itemsize):
     """Bytes per rank of a ring all-reduce of the gradients: 2 (N-1)/N Psi itemsize."""
-    return 2 * (n_d - 1) / n_d * n_params * itemsize
+    return 2 * (n_d - 1) * n_params * itemsize / n_d
 
 
 def tp_layer_bytes(b, s, h, t, itemsize, sequence_parallel=False):
@@ -34,7 +34,7 @@ def tp_layer_bytes(b, s, h, t, itemsize, sequence_parallel=False):
     forward, 2 in backward; Shoeybi et al. 2019, Figure 4), or under sequence parallelism
     4 all-gathers and 4 reduce-scatters of it (Korthikanti et al. 2022, section 4.2.2):
     8 b s h (t-1)/t elements either way."""
-    return 8 * b * s * h * (t - 1) / t * itemsize
+    return 8 * b * s * h * (t - 1) * itemsize / t
 
 
 def zero_bytes(stage, psi, n_d, itemsize, micro_batches=1, root=0, reshard=True):
