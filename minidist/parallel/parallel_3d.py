@@ -41,6 +41,7 @@ from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel
 from minidist.parallel.tp_formulas import replicated_elements
 from minidist.parallel.tp_model import TensorParallelGPT, shard, shard_shape
+from minidist.parallel.zero import flat_groups
 from minidist.plan.memory import engine_state_bytes
 from minidist.plan.traffic import parallel_3d_sent
 
@@ -159,8 +160,7 @@ def expected_traffic(slot, rows, T, clip=True):
     again = len(stage.blocks()) if stage.recompute.segment else 0
     wte = stage.transformer.wte.weight.size if stage.first or stage.last else 0   # the tied table's ends
     zero = slot.zero
-    groups = None if zero is None else [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize)
-                                        for g in zero.groups]
+    groups = None if zero is None else flat_groups(zero)
     return parallel_3d_sent(
         rows // m, T, cfg.n_embd, m, np.dtype(cfg.dtype).itemsize,
         *[(c.Get_size(), c.Get_rank()) for c in (grid.tp_comm, grid.pp_comm, grid.dp_comm)], layers,

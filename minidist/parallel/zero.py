@@ -288,6 +288,12 @@ def expected_sent(zero, micro_batches=1):
     their weights are gathered in), counted chunk by chunk: what the measurement must
     equal exactly. The paper's count is plan.traffic.zero_bytes; its memory accounting
     plan.memory.engine_state_bytes."""
-    groups = [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize) for g in zero.groups]
     reshard = zero.stage == 3 and zero.units.reshard
-    return zero_sent(zero.stage, groups, zero.comm.Get_size(), zero.comm.Get_rank(), micro_batches, reshard)
+    return zero_sent(zero.stage, flat_groups(zero), zero.comm.Get_size(), zero.comm.Get_rank(), micro_batches,
+                     reshard)
+
+
+def flat_groups(zero):
+    """[(elements, reduce itemsize, gather itemsize)] of zero's flat buffers, in order: what
+    plan.traffic.zero_sent counts (gradients travel in the reduce dtype, weights in theirs)."""
+    return [(g.n, np.dtype(g.reduce_dtype or g.dtype).itemsize, g.shard_itemsize) for g in zero.groups]
