@@ -11,8 +11,8 @@ K of optimizer state per parameter. Over N_d data-parallel ranks, Psi parameters
     stage 3 (weights too)              (w + g + K) Psi/N_d
 The paper's example, 7.5B parameters on 64 devices, fp16 with Adam (2 + 2 + 12): 120,
 31.4, 16.6 and 1.9 GB. Megatron-LM trains bf16 with fp32 main gradients, 2 + 4 + 12 =
-18 B; its distributed optimizer is stage 1 of that: 6 + 12/d (Megatron-LM's
-docs/source/distrib_optimizer.md).
+18 B; its distributed optimizer is stage 1 of that: 6 + 12/d (Megatron-LM's documentation
+of its distributed optimizer).
 
 Activations per layer: Korthikanti et al. 2022 (arXiv 2205.05198) as the paper counts
 them (16-bit values, 1-byte dropout masks), and this engine's own array-by-array count
