@@ -59,7 +59,7 @@ def test_the_plan_is_the_cheapest_algorithm_at_every_size(c, size):
         for at, _, faster in steps:
             if m >= at:
                 planned = faster
-        assert times[planned] == pytest.approx(times[best], rel=1e-9), (m, planned, best)
+        assert planned == best, (m, planned, best)   # ties too (N = 2: ring = Rabenseifner)
     for at, slower, faster in steps:
         t = all_reduce_times(at, size, **c)
         assert t[slower] == pytest.approx(t[faster], rel=1e-9)

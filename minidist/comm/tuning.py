@@ -7,10 +7,11 @@ The model (minidist/plan/collectives.py; Thakur, Rabenseifner and Gropp 2005) gi
 algorithm's time as a line in the message size M; the cheapest line wins, and the sizes
 where the winner changes are the crossovers. Its three constants are this machine's:
 
-    alpha   seconds per message: one more Sendrecv of 8 bytes in a call, every rank
-            sending and receiving at once (as in every round of the three algorithms)
-    beta    seconds per byte sent: one Sendrecv of 4 MiB against one of 8 bytes, per byte
+    alpha   seconds per message (per round of an algorithm)
+    beta    seconds per byte sent
     gamma   seconds per byte reduced: numpy.add of two 4 MiB float32 arrays, per byte
+
+alpha and beta are fitted to the three algorithms timed from 8 B to 4 MiB (`calibrate`).
 
 `calibrate` measures them; the bench's --calibrate stores them as JSON, one entry per world
 size (ranks that share two cores wait for each other, so alpha depends on how many there
@@ -37,7 +38,7 @@ from minidist.comm.watchdog import waiting
 
 ENV = "MINIDIST_CALIBRATION"
 DEFAULTS = {"alpha": 5e-6, "beta": 1e-10, "gamma": 1e-10}   # 5 us, 10 GB/s, 10 GB/s
-TAG_CONSTANTS, TAG_CALIBRATE = 30017, 30018
+TAG_CONSTANTS = 30017
 _AGREED = MPI.Comm.Create_keyval()
 _AGREED_ELSEWHERE = {}            # id(comm) -> (weakref, agreed): wrappers without attributes
 
@@ -146,56 +147,56 @@ def choose(comm, nbytes):
 
 # ----------------------------------------------------------------------------- measuring them
 
-def calibrate(comm, big=2**22, repeats=9, steps=64):
-    """alpha, beta, gamma measured here, the same on every rank. A sample is timed as the
-    collectives are: a barrier, then k ring steps (every rank sends to its right and
-    receives from its left at once, one Sendrecv), until the slowest rank is done; each
-    figure is a median over `repeats` samples. Whatever a call costs besides its messages
-    (waking up after the barrier, reading the clock) is in every sample alike, so it
-    cancels in the differences:
+def calibrate(comm, big=2**22, repeats=5):
+    """alpha, beta, gamma for this machine, the same on every rank (needs two ranks or more).
 
-        alpha = (t(k steps of 8 B) - t(1 step of 8 B)) / (k - 1)
-        beta  = (t(1 step of big bytes) - t(1 step of 8 B)) / big
-        gamma = t(numpy.add of two float32 arrays of big bytes, every rank at once) / big
+    gamma is measured alone: numpy.add of two float32 arrays of `big` bytes, every rank at
+    once, per byte. alpha and beta are the least-squares fit of the model's lines to the
+    three algorithms themselves, timed (check=False) at M = 8 B, 32 B, ... up to `big`:
 
-    Needs two ranks or more.
+        t(algorithm, M) = c + A alpha + B beta + G gamma      (A, B, G: the model's counts)
+
+    weighted by 1/t, so that 8 B and 4 MiB count alike; c, what a call costs whatever it
+    sends (waking up after the barrier, Python's own work), is fitted too and returned as
+    "call", but the model leaves it out: it is the same for every algorithm and moves no
+    crossover. A fit, not a ping-pong: a round
+    inside an all-reduce here costs more than one message in a quiet exchange (ranks that
+    share cores wait to be scheduled between rounds, and above MPICH's eager limit, a few
+    KiB here, every message waits for a handshake first), and what decides the crossovers
+    is the cost of a round as the algorithms meet it.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    right, left = (rank + 1) % size, (rank - 1) % size
-
-    def slowest(fn):
-        times = []
-        for _ in range(repeats):
-            comm.Barrier()
-            t0 = MPI.Wtime()
-            fn()
-            t = np.array([MPI.Wtime() - t0])
-            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
-            times.append(t[0])
-        return float(np.median(times))
-
-    def ring_steps(nbytes, k):
-        send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-
-        def run():
-            for _ in range(k):
-                comm.Sendrecv(send, right, TAG_CALIBRATE, recv, left, TAG_CALIBRATE)
-        return slowest(run)
-
-    one = ring_steps(8, 1)
-    alpha = max(ring_steps(8, steps) - one, 0.0) / (steps - 1)
-    beta = max(ring_steps(big, 1) - one, 0.0) / big
+    from minidist.comm.collectives import all_reduce
+    from minidist.plan.collectives import ALL_REDUCE_TIMES
+    size = comm.Get_size()
     a, b = np.ones(big // 4, np.float32), np.ones(big // 4, np.float32)
-    gamma = slowest(lambda: np.add(a, b, out=a)) / big
-    return {"alpha": alpha, "beta": beta, "gamma": gamma}
+    gamma = slowest_medians(comm, {"add": lambda: np.add(a, b, out=a)}, repeats)["add"] / big
+    rows, times = [], []
+    m = 8
+    while m <= big:
+        x = np.ones(m // 4, np.float32)
+        calls = {k: (lambda k=k: all_reduce(comm, x, algorithm=k, check=False)) for k in ALGORITHMS}
+        got = slowest_medians(comm, calls, repeats, warmup=1)
+        for k in ALGORITHMS:
+            f = ALL_REDUCE_TIMES[k]
+            rows.append([1.0, f(m, size, 1.0, 0.0), f(m, size, 0.0, 1.0)])
+            times.append(got[k] - f(m, size, 0.0, 0.0, gamma))
+        m *= 4
+    A, t = np.array(rows), np.array(times)
+    w = 1.0 / np.maximum(np.abs(t), 1e-9)
+    (call, alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
+    return {"alpha": max(float(alpha), 0.0), "beta": max(float(beta), 0.0), "gamma": gamma,
+            "call": float(call)}
 
 
 def slowest_medians(comm, calls, iters, warmup=0):
     """{name: median over iters of the slowest rank's time for one call}, the calls made in
-    turn on every iteration, so a noisy neighbour slows them alike."""
+    turn on every iteration, so a noisy neighbour slows them alike, and in an order that
+    turns by one each iteration, so none always runs in the caches another left."""
     times = {k: [] for k in calls}
+    names = list(calls)
     for i in range(warmup + iters):
-        for name, call in calls.items():
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            call = calls[name]
             comm.Barrier()
             t0 = MPI.Wtime()
             call()

@@ -265,13 +265,14 @@ TINY = {"ring": "ring", "rabenseifner": "Raben.", "recursive_doubling": "rec.dbl
 
 def alpha_beta(comm, n, M, repeats):
     """The three all-reduces' costs by the alpha-beta model, with alpha, beta and gamma
-    measured now (minidist.comm.tuning.calibrate), beside their measured times from 8 B
-    to M; then, pair by pair, the size where the faster one changes: the model's and the
-    measured. Returns the figures for the report."""
+    calibrated now (minidist.comm.tuning.calibrate: a fit to a first timing of the three),
+    beside their times measured a second time, from 8 B to M; then, pair by pair, the size
+    where the faster one changes: the model's and the measured. Returns the figures for
+    the report."""
     if n < 2:
         say("\n(alpha-beta model: needs two ranks)")
         return None
-    c = tuning.calibrate(comm, big=max(M, 2**20), repeats=max(repeats, 5))
+    c = tuning.calibrate(comm, big=M, repeats=max(repeats, 3))
     a, b, g = c["alpha"], c["beta"], c["gamma"]
     p2, lg = power_of_two_below(n), power_of_two_below(n).bit_length() - 1
     say(f"\nalpha-beta model, N = {n}, P = {p2} (Thakur, Rabenseifner and Gropp 2005;")
@@ -286,11 +287,12 @@ def alpha_beta(comm, n, M, repeats):
         ranks = f"{n - p2} rank{'s' * (n - p2 > 1)}"
         say(f"  and both of the last two fold {ranks} in first and out at the end: "
             "+ 2 a + 2 M b + M g")
-    say(f"  measured here: a = {a * 1e6:.1f} us per message (one more Sendrecv of 8 B in a call, "
-        f"all ranks),")
     rate = lambda s: f"{1 / s / 1e9:.2f} GB/s" if s > 0 else "too fast to see here"
-    say(f"  b = {b * 1e9:.3f} ns per byte sent ({rate(b)}), g = {g * 1e9:.3f} ns per byte added "
-        f"({rate(g)})")
+    say(f"  here: a = {a * 1e6:.1f} us per message, b = {b * 1e9:.3f} ns per byte sent ({rate(b)}),")
+    say(f"  g = {g * 1e9:.3f} ns per byte added ({rate(g)}); a and b fitted to a first timing of the")
+    say(f"  three, which also finds c = {c['call'] * 1e6:.0f} us a call costs whatever it sends: in every "
+        "measured")
+    say("  time below (timed a second time), not in the model's.")
     sizes = [m for m in (8 * 4 ** k for k in range(20)) if m < M] + [M]
     names = ("ring", "rabenseifner", "recursive_doubling")
     times = {k: [] for k in names}
@@ -330,8 +332,8 @@ def alpha_beta(comm, n, M, repeats):
         f"(those crossing by {fmt_bytes(sizes[-1])}).")
     if n > (os.cpu_count() or n):
         say(f"  Here {n} ranks share {os.cpu_count()} cores: ranks take turns on the CPU, so every message")
-        say("  also waits for its receiver to be scheduled: measured times are noisy and sit above "
-            "the model.")
+        say("  also waits for its receiver to be scheduled: measured times are noisy, and a crossover")
+        say("  measured once can move by a factor of 2 in the next run.")
     return {"alpha_s": a, "beta_s_per_byte": b, "gamma_s_per_byte": g, "crossovers": cross}
 
 

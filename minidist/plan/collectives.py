@@ -187,7 +187,11 @@ def crossovers(size, alpha, beta, gamma=0.0):
         nxt = [(x, o) for x, o in nxt if x is not None and x > m]
         if not nxt:
             return out
-        m, other = min(nxt)
+        first = min(x for x, _ in nxt)
+        # lines that meet the cheapest one at the same M (N = 2: ring and Rabenseifner are
+        # the same line): the first in ALL_REDUCE_TIMES wins, as in cheapest()
+        m, other = next((x, o) for o in ALL_REDUCE_TIMES for x, o2 in nxt
+                        if o2 == o and x <= first * (1 + 1e-9))
         out.append((m, best, other))
         best = other
 
