@@ -120,7 +120,8 @@ def main(argv=None):
         f"busbw = size / time x 2(N-1)/N = x {busf:.3f}")
     say(f"# auto: {tuning.plan_words(plan)}")
     say(f"#   alpha {plan['alpha'] * 1e6:.2f} us, beta {plan['beta'] * 1e9:.4f} ns/B, "
-        f"gamma {plan['gamma'] * 1e9:.4f} ns/B: {plan['source']}")
+        f"gamma {plan['gamma'] * 1e9:.4f} ns/B")
+    say(f"#   from {plan['source']}")
     say("#   (rdbl = recursive doubling, rabn = Rabenseifner)")
     say(f"# {'':>10} {'':>10} {'':>7} {'- minidist ring -':>16} {'--- minidist auto ---':>22} "
         f"{'- MPI Allreduce -':>17} {'ring/MPI':>8} {'auto/MPI':>8}")
