@@ -99,13 +99,15 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
         vrank, p2, real, mine = _fold_in(comm, src, acc, combine)
         if vrank is not None:
             incoming = np.empty_like(acc)
-            distance = 1
+            into, distance, rounds = wire(incoming), 1, 0
             while distance < p2:
                 partner = real(vrank ^ distance)
                 # swap whole arrays with the partner, then both add the same two arrays
-                sendrecv(comm, mine, partner, incoming, partner, TAG_DOUBLING)
+                comm.Sendrecv(wire(mine), partner, TAG_DOUBLING, into, partner, TAG_DOUBLING)
                 combine(mine, incoming, out=acc)
-                mine, distance = acc, distance * 2
+                mine, distance, rounds = acc, distance * 2, rounds + 1
+            # counted once for all rounds: a small message's time is mostly such overheads
+            stats.add(sent=rounds * acc.nbytes, recv=rounds * acc.nbytes, messages=rounds)
             if mine is src:                               # one rank: nothing was added
                 acc[:] = src
         _fold_out(comm, acc, vrank)
