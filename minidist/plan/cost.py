@@ -41,9 +41,9 @@ the last. Rank order is Megatron's: tp innermost, then dp, then pp.
 from dataclasses import dataclass, field
 
 from minidist.plan import flops as F
-from minidist.plan.collectives import ring_all_reduce_time, ring_half_time
+from minidist.plan import step_bytes as SB
 from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, korthikanti_layer_bytes, model_state_bytes
-from minidist.plan.pipeline import bubble_fraction, in_flight, p2p_bytes
+from minidist.plan.pipeline import bubble_fraction, in_flight
 
 ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
 LOGIT_BYTES = 6            # a logit in 16 bits plus its fp32 copy for the loss (this project's count)
@@ -116,6 +116,8 @@ class Layout:
     recompute: str = "none"           # none, selective, full
     precision: str = "megatron"       # a name of plan.memory.ACCOUNTING
     flash_attention: bool = False     # no s x s scores in memory (Dao et al. 2022)
+    bucket_bytes: int = None          # DP/ZeRO-2 gradient buckets: None one flat buffer, 0 one per
+                                      # parameter, n buckets of >= n bytes (plan.step_bytes)
 
 
 def stage_layers(L, p):
@@ -155,6 +157,8 @@ def legal(model, cluster, layout):
         return f"precision must be one of {', '.join(ACCOUNTING)}"
     if layout.sequence_parallel and t == 1:
         return "sequence parallelism needs tp > 1"
+    if layout.bucket_bytes is not None and layout.bucket_bytes < 0:
+        return f"bucket bytes must be None (one buffer), 0 (per parameter) or more, not {layout.bucket_bytes}"
     return None
 
 
@@ -182,6 +186,8 @@ class Estimate:
     memory_bytes_per_gpu: float
     fits: bool
     lines: list = field(default_factory=list, repr=False)   # (quantity, formula, value)
+    bytes_sent: dict = field(default_factory=dict)   # {"tp", "pp", "dp"}: bytes per step, plan.step_bytes
+    bytes_stage: int = 0       # the pipeline stage (the busiest) whose first GPU bytes_sent counts
 
     def as_dict(self):
         lay = self.layout
@@ -195,22 +201,16 @@ class Estimate:
                 "tflops_per_gpu_model": self.tflops_per_gpu_model,
                 "tflops_per_gpu_hardware": self.tflops_per_gpu_hardware,
                 "mfu": self.mfu, "hfu": self.hfu, "memory": dict(self.memory),
-                "memory_bytes_per_gpu": self.memory_bytes_per_gpu, "fits": self.fits}
+                "memory_bytes_per_gpu": self.memory_bytes_per_gpu, "fits": self.fits,
+                "bytes_sent": dict(self.bytes_sent), "bytes_stage": self.bytes_stage}
 
 
 def _stage_params(model, layers, first, last, t):
-    """Parameters one GPU of a stage holds: its layers' share and, on the first stage, the
-    embedding (and GPT's position table); on the last, the head (Megatron keeps a copy of
-    a tied embedding there) and the final norm."""
-    h, V = model.hidden, model.vocab
-    n = layers * model.layer_params() / t
-    if first:
-        n += V * h / t + (0 if model.swiglu else model.seq * h)
-    if last and not (first and not model.swiglu):      # one tied table when pp = 1
-        n += V * h / t
-    if last:
-        n += h if model.swiglu else 2 * h
-    return n
+    """Parameters one GPU of a stage holds: its layers' share (the matrices cut t ways,
+    norms and row biases whole) and, on the first stage, the embedding (and GPT's position
+    table); on the last, the head (Megatron keeps a copy of a tied embedding there) and the
+    final norm: plan.step_bytes.stage_params, tensor by tensor."""
+    return SB.stage_params(model, t, layers, first, last)
 
 
 def estimate(model, cluster, layout):
@@ -247,28 +247,23 @@ def estimate(model, cluster, layout):
     note("layer matmuls / micro-batch", "(3 x forward + recomputed) FLOPs / rate (s)", layer_matmul)
     note("layer elementwise / micro-b.", "2 x saved bytes x passes / HBM bandwidth (s)", layer_elem)
 
-    # -- tensor parallelism: ring collectives of b s h on NVLink if the group fits a node
-    tp_layer = 0.0
-    if t > 1:
-        alpha, bw = cluster.link(t)
-        M = b * s * h * ACT_BYTES
-        if lay.sequence_parallel:
-            n = 8 + 2 + (4 if lay.recompute == "full" else 0)
-            tp_layer = n * ring_half_time(M, t, alpha, 1 / bw)
-        else:
-            n = 4 + (2 if lay.recompute == "full" else 0)
-            tp_layer = n * ring_all_reduce_time(M, t, alpha, 1 / bw)
-    note("TP per layer / micro-batch", "ring collectives of b s h on the TP link (s)", tp_layer)
+    # -- what each stage's first GPU sends (plan.step_bytes), timed on the links it crosses
+    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))   # first, a middle one, last
+    cross = p > 1 and t * d >= cluster.gpus_per_node         # pipeline neighbours in other nodes
+    sent = {i: SB.rank_sent(model, lay, layers[i], i, scatter_gather=cross) for i in kinds}
+    tp_link = cluster.link(t)
+    tp_step = {i: SB.seconds(sent[i]["tp"], t, *tp_link) for i in kinds}
 
     def stage_time(i):
         extra = logits if i == p - 1 else 0.0
-        return layers[i] * (layer_matmul + layer_elem) + extra, layers[i] * tp_layer
+        return layers[i] * (layer_matmul + layer_elem) + extra, tp_step[i] / m
 
-    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))   # first, a middle one, last
     times = {i: stage_time(i) for i in kinds}
     busiest = max(kinds, key=lambda i: sum(times[i]))
     comp_mb, tp_mb = times[busiest]
     elem_mb = layers[busiest] * layer_elem
+    mine = sent[busiest]
+    note("TP per micro-batch", "busiest stage's TP: calls x steps x alpha + bytes/bw (s)", tp_mb)
     compute_s = note("compute", "m x busiest stage's compute per micro-batch (s)", m * comp_mb)
     tp_s = note("exposed TP", "m x busiest stage's TP time per micro-batch (s)", m * tp_mb)
 
@@ -276,13 +271,17 @@ def estimate(model, cluster, layout):
     bubble_s = pp_s = 0.0
     if p > 1:
         frac = bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v)
-        mean_mb = (L * (layer_matmul + layer_elem + tp_layer) + logits) / p   # fill and drain cross all
+        kind = {0: 0, p - 1: p - 1}
+        tp_mean = sum(tp_step[kind.get(i, 1)] for i in range(p)) / (p * m)
+        mean_mb = (L * (layer_matmul + layer_elem) + logits) / p + tp_mean   # fill and drain cross all
         bubble_s = float(frac / (1 - frac)) * m * mean_mb
         alpha, bw = cluster.link(t * d + 1)              # neighbours are t d ranks apart
-        nbytes = p2p_bytes(b, s, h, ACT_BYTES) / (t if t * d >= cluster.gpus_per_node else 1)
-        pp_s = 2 * (v * m + p - 1) * (alpha + nbytes / bw)
+        fill = 2 * (p - 1) * (alpha + SB.transfer_bytes(model, lay, cross) / bw)
+        ends = {k: c for k, c in mine["pp"].items() if k != "send"}   # loss, tied table: end to end
+        pp_s = (SB.seconds({k: c for k, c in mine["pp"].items() if k == "send"}, 2, alpha, bw) + fill
+                + SB.seconds(ends, p, *cluster.link((p - 1) * t * d + 1), {"all_reduce": 2}))
     note("bubble", "(p-1)/(v m) of m micro-batches on a mean stage (s)", bubble_s)
-    note("exposed PP", "2 (v m + p - 1) transfers of b s h (/t across nodes) (s)", pp_s)
+    note("exposed PP", "busiest stage's sends + 2 (p-1) fill/drain transfers (s)", pp_s)
 
     # -- data parallelism: gradients reduced over the dp group's link
     params_stage = {i: _stage_params(model, layers[i], i == 0, i == p - 1, t) for i in kinds}
@@ -290,18 +289,21 @@ def estimate(model, cluster, layout):
     w_item, g_item, _ = ACCOUNTING[lay.precision]
     dp_s = 0.0
     if d > 1:
-        alpha, bw = cluster.link(t * d)
+        dp_link = cluster.link(t * d)
+
+        def dp_time(*names):
+            return SB.seconds({k: c for k, c in mine["dp"].items() if k in names}, d, *dp_link)
+
         bwd = comp_mb * (2 * fwd + again) / (3 * fwd + again)    # last micro-batch's backward
-        rs = ring_half_time(psi * g_item, d, alpha, 1 / bw)
-        ag = ring_half_time(psi * w_item, d, alpha, 1 / bw)
+        rs, ag = dp_time("reduce_scatter"), dp_time("all_gather")
         if lay.zero == 0:
-            dp_s = max(0.0, ring_all_reduce_time(psi * g_item, d, alpha, 1 / bw) - bwd)
+            dp_s = max(0.0, dp_time("all_reduce") - bwd)
         elif lay.zero == 1:
             dp_s = max(0.0, rs - bwd) + ag
         elif lay.zero == 2:                        # reduced after every micro-batch's backward
-            dp_s = m * max(0.0, rs - bwd) + ag
+            dp_s = m * max(0.0, rs / m - bwd) + ag
         else:                                      # gathered for forward and backward, each micro-batch
-            dp_s = m * max(0.0, 2 * ag + rs - comp_mb)
+            dp_s = m * max(0.0, (ag + rs) / m - comp_mb)
     note("exposed DP", ("all-reduce less the last backward (s)", "reduce-scatter less the last backward"
                         " + all-gather (s)", "m x (reduce-scatter less a backward) + all-gather (s)",
                         "m x (2 gathers + reduce-scatter less a micro-batch) (s)")[lay.zero], dp_s)
@@ -342,7 +344,8 @@ def estimate(model, cluster, layout):
                     model.global_batch * s / step, model_flops, hw_flops,
                     model_flops / step / n_gpu / 1e12, hw_flops / step / n_gpu / 1e12,
                     model_flops / (step * n_gpu * g.peak_flops), hw_flops / (step * n_gpu * g.peak_flops),
-                    memory, total, total <= USABLE_MEMORY * g.memory_bytes, lines)
+                    memory, total, total <= USABLE_MEMORY * g.memory_bytes, lines,
+                    {k: SB.totals(mine[k]) for k in ("tp", "pp", "dp")}, busiest)
 
 
 def describe(est):

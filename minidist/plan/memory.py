@@ -24,6 +24,7 @@ ACCOUNTING = {
     "zero": (2, 2, 12),         # the ZeRO paper: fp16 weights and gradients; fp32 master, m, v
     "megatron": (2, 4, 12),     # Megatron-LM: bf16 weights, fp32 main gradients; fp32 master, m, v
     "fp32": (4, 4, 8),          # plain fp32 AdamW: weights, gradients, m, v
+    "fp64": (8, 8, 16),         # this engine's float64 runs (the lessons' tests): the same, 8 B each
 }
 
 
