@@ -105,8 +105,10 @@ def test_cpu_cluster_carries_the_link_model_into_the_planner():
     c = measure.cpu_cluster(2e10, 5e9, lk, alpha=3e-4, itemsize=4, size=8, efficiency=0.25)
     k = ACT_BYTES / 4               # the planner counts 2-byte values, the run sends 4-byte ones
     assert (c.gpus, c.gpus_per_node) == (8, 4)
-    assert c.intra_bw == pytest.approx(4e11 / 1000 * k) and c.inter_bw == pytest.approx(5e10 / 1000 * k)
-    assert c.intra_alpha == pytest.approx(1e-6 + 3e-4) and c.inter_alpha == pytest.approx(2e-6 + 3e-4)
+    assert c.intra_bw == pytest.approx(4e11 / 1000 * k)
+    assert c.inter_bw == pytest.approx(5e10 / 1000 * k)
+    assert c.intra_alpha == pytest.approx(1e-6 + 3e-4)
+    assert c.inter_alpha == pytest.approx(2e-6 + 3e-4)
     assert (c.gpu.peak_flops, c.gpu.matmul_efficiency) == (2e10, 0.25)
     steps = {t: measure.predict(c, t, 1, 8 // t, 2).step_time_s for t in (1, 2, 8)}
     tp = {t: measure.predict(c, t, 1, 8 // t, 2).tp_s for t in (1, 2, 8)}

@@ -178,8 +178,8 @@ def parse(text, world_size=None):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in ("nodes", "intra", "inter", "scale", "wait"):
-            raise LinkError(f"unknown item {item!r}; expected nodes=NxG, intra=A:B, inter=A:B, scale=X, "
-                            f"wait=sleep|spin")
+            raise LinkError(f"unknown item {item!r}; expected nodes=NxG, intra=A:B, inter=A:B, "
+                            f"scale=X, wait=sleep|spin")
         if key in items:
             raise LinkError(f"{key}= given twice")
         items[key] = value.strip()
@@ -191,8 +191,8 @@ def parse(text, world_size=None):
         raise LinkError(f"nodes= takes NODESxRANKS_PER_NODE, e.g. 2x4, got {items['nodes']!r}")
     nodes, per_node = int(n), int(g)
     if world_size is not None and nodes * per_node != world_size:
-        raise LinkError(f"nodes={nodes}x{per_node} places {nodes * per_node} ranks, but the world has "
-                        f"{world_size}")
+        raise LinkError(f"nodes={nodes}x{per_node} places {nodes * per_node} ranks, but the world "
+                        f"has {world_size}")
     scale = _number(items.get("scale", "1"), "scale")
     if scale <= 0:
         raise LinkError(f"scale must be more than 0, got {items['scale']!r}")

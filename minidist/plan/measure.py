@@ -86,7 +86,8 @@ def _lesson07():
 
 def lesson_args(tp, pp, dp, shape=SHAPE, steps=4, zero=1):
     """Lesson 07's own flags for one layout (its parser, so its defaults and checks hold)."""
-    flags = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--steps", str(steps), "--zero", str(zero)]
+    flags = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--steps", str(steps),
+             "--zero", str(zero)]
     for k, v in shape.items():
         flags += [f"--{k.replace('_', '-')}", str(v)]
     return _lesson07().build_parser().parse_args(flags)
@@ -153,8 +154,9 @@ def stream_bandwidth(comm, nbytes=8 << 20, seconds=0.5):
 def machine_alpha(comm, repeats=20):
     """Seconds per message step of this machine's own ring: a ring all-reduce of one float
     over comm (run() passes a LinkedComm without delays, so it waits as the layouts will),
-    divided by its 2(N-1) steps, the slowest rank, the median of `repeats`. On ranks that share cores this is a scheduler's hand-over, not a
-    wire: it joins the link model's alpha in the prediction."""
+    divided by its 2(N-1) steps, the slowest rank, the median of `repeats`. On ranks that
+    share cores this is a scheduler's hand-over, not a wire: it joins the link model's
+    alpha in the prediction."""
     from minidist.comm import ring_all_reduce
     n = comm.Get_size()
     if n == 1:
@@ -215,8 +217,8 @@ def spearman(xs, ys):
 def cpu_cluster(flops, hbm, links, alpha, itemsize, size, efficiency=1.0):
     """The planner's Cluster for the time-scaled machine: a GPU whose peak is this CPU's
     FLOP/s per rank (measured at the model's own matrix product) at `efficiency` (see
-    efficiency()) and whose HBM is its memory bandwidth per rank; links as the link model's, bandwidths
-    divided by its scale, each alpha plus this machine's own per message.
+    efficiency()) and whose HBM is its memory bandwidth per rank; links as the link
+    model's, bandwidths divided by its scale, each alpha plus this machine's own.
 
     The planner counts 16-bit activations and gradients (cost.ACT_BYTES; the ZeRO paper's
     2 + 2 bytes, Layout precision "zero"); the run moves itemsize-byte ones, so bandwidths
@@ -225,14 +227,14 @@ def cpu_cluster(flops, hbm, links, alpha, itemsize, size, efficiency=1.0):
     from minidist.plan.cost import ACT_BYTES
     k = ACT_BYTES / itemsize
     (ia, ib), (ea, eb) = links.links["intra"], links.links["inter"]
-    gpu = GPU("this-cpu", flops, 1e15, hbm * k, efficiency, ib / links.scale * k, eb / links.scale * k,
-              "measured here: FLOP/s and memory bandwidth per rank, all ranks at once")
+    gpu = GPU("this-cpu", flops, 1e15, hbm * k, efficiency, ib / links.scale * k,
+              eb / links.scale * k, "measured here: FLOP/s and memory bytes/s per rank at once")
     return make_cluster(None, size, links.per_node, intra_bw=gpu.intra_bw, intra_alpha=ia + alpha,
                         inter_bw=gpu.inter_bw, inter_alpha=ea + alpha, gpu=gpu)
 
 
 def predict(cluster, tp, pp, dp, m, shape=SHAPE):
-    """cost.estimate of lesson 07's run at tp x pp x dp with m micro-batches (ZeRO-1 over dp)."""
+    """cost.estimate of lesson 07's run at tp x pp x dp, m micro-batches, ZeRO-1 over dp."""
     from minidist.plan.cost import Layout, Model, estimate
     model = Model(shape["n_layer"], shape["n_embd"], shape["n_head"], 256, shape["block_size"],
                   shape["batch_size"])
@@ -249,8 +251,8 @@ def efficiency(comm, flops, hbm, itemsize, shape=SHAPE, steps=3):
     these small sizes (the engine's Python time per op): one constant, for every layout."""
     size = comm.Get_size()
     comm.Barrier()
-    took, m = time_layout(MPI.COMM_SELF, 1, 1, 1, dict(shape, batch_size=shape["batch_size"] // size),
-                          steps, 1)
+    share = dict(shape, batch_size=shape["batch_size"] // size)
+    took, m = time_layout(MPI.COMM_SELF, 1, 1, 1, share, steps, 1)
     mine, slowest = np.array([took]), np.empty(1)
     comm.Allreduce(mine, slowest, op=MPI.MAX)
     links = linkmodel.Links(1, size, (0.0, 1.0))
@@ -285,14 +287,14 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
         raise ValueError(f"{size} ranks do not fill nodes of {per_node}")
     itemsize = np.dtype(shape["dtype"]).itemsize
     rows = shape["batch_size"] // min(4, shape["batch_size"])
-    flops = sustained_flops(comm, n=shape["n_embd"] * 4, m=rows * shape["block_size"], k=shape["n_embd"],
-                            dtype=shape["dtype"])
+    flops = sustained_flops(comm, n=shape["n_embd"] * 4, m=rows * shape["block_size"],
+                            k=shape["n_embd"], dtype=shape["dtype"])
     hbm = stream_bandwidth(comm)
     load = np.array(os.getloadavg()[:1])
     comm.Bcast(load, root=0)               # the machine's load when the run began (rank 0's)
     # this machine's cost per ring step, waiting as the runs will wait (no delay: bandwidth inf)
-    alpha = machine_alpha(linkmodel.LinkedComm(comm, linkmodel.Links(1, size, (0.0, float("inf")),
-                                                                      wait=wait)))
+    no_delay = linkmodel.Links(1, size, (0.0, float("inf")), wait=wait)
+    alpha = machine_alpha(linkmodel.LinkedComm(comm, no_delay))
     eff, alone = efficiency(comm, flops, hbm, itemsize, shape)
     real = GPUS[gpu]
     literal = real.peak_flops / flops               # the time scale that keeps the ratio (links.py)
@@ -301,10 +303,12 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
     for tp, pp, dp in factorisations(size):
         if layout_problem(tp, pp, dp, shape, size):
             continue
-        links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw), (0.0, real.inter_bw),
-                                scale, wait, placement=megatron_placement(tp, pp, dp, per_node))
+        links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw),
+                                (0.0, real.inter_bw), scale, wait,
+                                placement=megatron_placement(tp, pp, dp, per_node))
         took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup)
-        est = predict(cpu_cluster(flops, hbm, links, alpha, itemsize, size, eff), tp, pp, dp, m, shape)
+        cluster = cpu_cluster(flops, hbm, links, alpha, itemsize, size, eff)
+        est = predict(cluster, tp, pp, dp, m, shape)
         out.append({"tp": tp, "pp": pp, "dp": dp, "micro_batches": m, "measured_step_s": took,
                     "predicted_step_s": est.step_time_s,
                     "predicted": {k: getattr(est, k) for k in ("compute_s", "tp_s", "pp_s", "dp_s",
@@ -313,13 +317,15 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
     by_measured = sorted(out, key=lambda r: r["measured_step_s"])
     by_predicted = sorted(out, key=lambda r: r["predicted_step_s"])
     best, two = name(by_measured[0]), [name(r) for r in by_predicted[:2]]
-    return {"measured": out,
-            "spearman": spearman([r["measured_step_s"] for r in out], [r["predicted_step_s"] for r in out]),
+    rho = spearman([r["measured_step_s"] for r in out], [r["predicted_step_s"] for r in out])
+    return {"measured": out, "spearman": rho,
             "best_measured": best, "best_predicted_two": two, "best_in_predicted_two": best in two,
-            "shape": dict(shape), "gpu": gpu, "cpu_flops_per_rank": flops, "cpu_memory_bytes_per_s": hbm,
-            "load_average": float(load[0]), "machine_alpha_s": alpha, "efficiency": eff, "step_alone_s": alone, "scale_literal": literal, "ease": ease, "scale": scale,
-            "links": links.spec() if out else None, "wait": wait, "steps": steps,
-            "warmup": warmup}
+            "shape": dict(shape), "gpu": gpu, "cpu_flops_per_rank": flops,
+            "cpu_memory_bytes_per_s": hbm, "load_average": float(load[0]),
+            "machine_alpha_s": alpha, "efficiency": eff, "step_alone_s": alone,
+            "scale_literal": literal, "ease": ease, "scale": scale,
+            "links": links.spec() if out else None, "placement": "megatron (tp, dp, pp)",
+            "wait": wait, "steps": steps, "warmup": warmup}
 
 
 PARTS = ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s")
@@ -338,12 +344,15 @@ def table(result):
     pred = sorted(range(len(rows)), key=lambda i: rows[i]["predicted_step_s"])
     for i, r in enumerate(rows):
         name = f"{r['tp']} x {r['pp']} x {r['dp']}"
-        lines.append(f"  {name:<14}{r['micro_batches']:>3}  {g(r['measured_step_s'])}s {g(r['predicted_step_s'])}s"
-                     f"{r['measured_step_s'] / r['predicted_step_s']:>7.2f}{meas.index(i) + 1:>6} /{pred.index(i) + 1:>2}"
+        got, want = r["measured_step_s"], r["predicted_step_s"]
+        lines.append(f"  {name:<14}{r['micro_batches']:>3}  {g(got)}s {g(want)}s{got / want:>7.2f}"
+                     f"{meas.index(i) + 1:>6} /{pred.index(i) + 1:>2}"
                      + "".join(g(r["predicted"][k]) for k in PARTS))
     rho = result["spearman"]
-    lines.append(f"  Spearman's rank correlation {'-' if rho is None else f'{rho:.3f}'} (goal >= 0.8); "
+    rho = "-" if rho is None else f"{rho:.3f}"
+    two = result["best_predicted_two"]
+    lines.append(f"  Spearman's rank correlation {rho} (goal >= 0.8); "
                  f"measured best {result['best_measured']},")
-    lines.append(f"  predicted best two {', '.join(result['best_predicted_two'])}: the measured best is "
-                 + ("among them" if result["best_measured"] in result["best_predicted_two"] else "NOT among them"))
+    lines.append(f"  predicted best two {', '.join(two)}: the measured best is "
+                 + ("among them" if result["best_measured"] in two else "NOT among them"))
     return lines

@@ -51,10 +51,11 @@ def test_ring_all_reduce_is_charged_to_its_links_and_bits_do_not_change(comm, wa
         x = np.random.default_rng(rank * 7 + n).standard_normal(n)
         lk.reset()
         got = ring_all_reduce(wrapped, x)
-        assert np.array_equal(got, ring_all_reduce(comm, x)), f"n={n}: the wrapped ring differs in bits"
+        assert np.array_equal(got, ring_all_reduce(comm, x)), f"n={n}: the wrapped ring differs"
         want = expect_ring(lk, list(range(size)), rank, n)
         assert counted(lk) == want, f"rank {rank}, n={n}: counted {counted(lk)}, sent {want}"
-        seconds = sum(lk.links[c][0] * m + b * SCALE / lk.links[c][1] for c, (m, b) in want.items())
+        seconds = sum(lk.links[c][0] * m + b * SCALE / lk.links[c][1]
+                      for c, (m, b) in want.items())
         assert lk.counts["intra"][2] + lk.counts["inter"][2] == pytest.approx(seconds, rel=1e-12)
 
 
