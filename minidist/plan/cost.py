@@ -3,8 +3,8 @@
     python -m minidist.plan --params 70e9 --gpus 1024 --gpu h100-sxm --tp 8 --pp 8 --explain
 
 Every formula comes from the modules above this one (plan.flops, plan.memory,
-plan.pipeline, plan.traffic, plan.collectives); this module adds only how the parts
-add up to a step, which is this project's model of a Megatron-style run:
+plan.pipeline, plan.step_bytes over plan.traffic, plan.collectives); this module adds
+only how the parts add up to a step, which is this project's model of a Megatron-style run:
 
   step = compute + exposed TP + bubble + exposed PP + exposed DP + optimizer step
   compute  m micro-batches on the busiest stage: its matrix products' hardware FLOPs at
@@ -15,23 +15,34 @@ add up to a step, which is this project's model of a Megatron-style run:
            per forward, twice that per backward, once more for a recomputed forward.
            This elementwise term is this project's own estimate; it is what makes small
            hidden sizes slower per FLOP with one efficiency constant.
+Communication is timed from the bytes the busiest stage's first GPU sends, counted as this
+engine sends them (plan.step_bytes: Estimate.bytes_sent, equal to the lessons' counters,
+tests/mpi/test_plan_bytes.py): each collective call costs its message steps x alpha (a
+ring all-reduce 2(N-1), reduce-scatter and all-gather N-1, a send 1) plus its bytes over
+the link's bandwidth: the ring alpha-beta times of plan.collectives.
   TP       per layer and micro-batch, 4 all-reduces of b s h (6 with full recomputation;
            under sequence parallelism 4 all-gathers + 4 reduce-scatters + the 2
-           all-gathers Megatron repeats in backward), ring alpha-beta times on NVLink
-           when t fits in a node; exposed (Megatron does not overlap them in these runs)
+           all-gathers Megatron repeats in backward), the embedding's (first stage), the
+           head's and the loss's (last stage); on NVLink when t fits in a node; exposed
+           (Megatron does not overlap them in these runs)
   bubble   (p-1)/v of one micro-batch's time on a mean stage (fill and drain cross every
            stage): the 1F1B and interleaved bubbles of plan.pipeline (Narayanan et al.
            2021, section 2.2)
-  PP       2 (v m + p - 1) point-to-point transfers of b s h on the critical path; across
-           nodes each of the t ranks sends 1/t (Narayanan et al.'s scatter/gather, 4.1)
-  DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather) over the
-           group's link; under 1F1B it overlaps only the last micro-batch's backward, the
-           rest is exposed; ZeRO's parameter all-gather after the step is exposed.
+  PP       the busiest stage's point-to-point sends of b s h (2 v m on a middle stage,
+           (2v - 1) m on an end one), plus the 2 (p - 1) transfers of the fill and the
+           drain, on the critical path; across nodes each of the t ranks sends 1/t
+           (Narayanan et al.'s scatter/gather, 4.1); the loss's broadcast and the tied
+           embedding's sum between the end stages (GPT) on the link that spans them
+  DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather; stage 3 by
+           units, one per layer) over the group's link, in the buckets of
+           Layout.bucket_bytes; under 1F1B it overlaps only the last micro-batch's
+           backward, the rest is exposed; ZeRO's parameter all-gather after the step is
+           exposed.
   optimizer Adam over this GPU's share of the state, bound by HBM: it reads the K bytes
            of state and the g of gradient and writes the state and the w of weights,
            (2K + g + w) bytes per parameter (this project's count).
-Not modelled: data loading, the embedding's and the loss's small collectives,
-stragglers, failures.
+Not modelled: data loading, the all-gather over NVLink that completes the pipeline's
+scatter/gather, the clipping norm's 8 bytes, stragglers, failures.
 
 Memory (the most loaded GPU): model states by ZeRO stage and precision (plan.memory) of
 the stage's parameters; activations of the micro-batches in flight (first stage:
@@ -360,4 +371,6 @@ def describe(est):
         ("HFU", "hardware FLOP/s per GPU / dense peak", est.hfu),
         ("tokens per second", "global batch x sequence / step", est.tokens_per_s)]
     lines += [(f"memory: {k}", "bytes on the fullest GPU, plan.memory", v) for k, v in est.memory.items()]
+    lines += [(f"bytes sent: {k}", f"per step by stage {est.bytes_stage}'s first GPU, plan.step_bytes", v)
+              for k, v in est.bytes_sent.items()]
     return [f"  {q:<27}{value:>11.4g}  {formula}" for q, formula, value in lines]

@@ -152,7 +152,8 @@ def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_ga
     psi = layers * layer_n + ends_n
     out = {"tp": {}, "pp": {}, "dp": {}}
     if t > 1:
-        whole = layers * sum(n for n, sh in per_layer if not sh) + sum(n for n, sh in ends if not sh)
+        whole = sum(k * n for k, part in ((layers, per_layer), (1, ends))
+                    for n, sharded in part if not sharded)
         again = layers if layout.recompute == "full" else 0
         out["tp"] = tp_sent(b, s, h, layers, t, tp_rank, w_item, m, first, last,
                             layout.sequence_parallel, True, whole, False, again)
@@ -170,14 +171,14 @@ def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_ga
         sizes = _sizes(per_layer, ends, layers)
         if layout.zero == 0:
             buckets = _buckets(sizes, w_item, layout.bucket_bytes, psi)
-            out["dp"]["all_reduce"] = (len(buckets),
-                                       _each_size(buckets, lambda n: dp_sent([n], d, dp_rank, g_item)[1]))
+            each = _each_size(buckets, lambda n: dp_sent([n], d, dp_rank, g_item)[1])
+            out["dp"]["all_reduce"] = (len(buckets), each)
         else:
             if layout.zero == 1:
                 groups = [psi]
             elif layout.zero == 2:
                 groups = _buckets(sizes, w_item, layout.bucket_bytes, psi)
-            else:                                       # the ends (root unit) first, then each layer
+            else:                                       # the ends (root unit), then each layer
                 groups = [ends_n] + [layer_n] * layers
             out["dp"] = _zero_rows(layout.zero, groups, d, dp_rank, m, g_item, w_item)
     return {g: {k: c for k, c in row.items() if c[1]} for g, row in out.items()}
