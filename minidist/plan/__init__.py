@@ -7,6 +7,7 @@ Layers of this package (each imports only those above it):
   flops        FLOPs per token and per step (PaLM; Narayanan et al.), model and hardware
   pipeline     bubbles, micro-batches in flight, point-to-point volume
   traffic      bytes per rank per step of every strategy (DP, TP/SP, PP, ZeRO/FSDP, MoE)
+  step_bytes   those bytes for one GPU of a planned layout, by group (what cost times)
   cluster      GPUs and links from their datasheets
   cost         one layout on one cluster: memory, FLOPs, communication, step time, MFU
   search       every legal layout, best first; `python -m minidist.plan`
