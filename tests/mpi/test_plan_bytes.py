@@ -2,8 +2,8 @@
 
     mpirun -n 4 python -m pytest -q --only-mpi tests/mpi/test_plan_bytes.py
 
-One small float64 GPT (8 layers, h 16, 8 heads, a vocabulary of 30 that tp = 4 and 8 pad to
-32, 4 tokens) runs one AdamW step, without clipping, under each layout of this world
+One small float64 GPT (8 layers, h 16, 8 heads, or at 3 ranks 6, 24, 12; a vocabulary of
+30 that tp = 4 and 8 pad to 32; 4 tokens) runs one AdamW step, without clipping, under each layout of this world
 size: every factorisation tp x pp x dp with 1F1B (DP as lesson 07 runs it, one all-reduce
 per parameter), ZeRO-1 over dp, interleaved 1F1B with 2 chunks, full and selective
 recomputation inside TP (full reruns each layer's forward collectives); TP over
@@ -44,7 +44,8 @@ pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 WORLD = COMM.Get_size()
-T, L, H, HEADS, V, SEED, M, ITEM = 4, 8, 16, 8, 30, 3, 2, 8
+T, V, SEED, M, ITEM = 4, 30, 3, 2, 8
+L, H, HEADS = (6, 24, 12) if WORLD == 3 else (8, 16, 8)    # 3 ranks: tp and pp of 3 divide them
 # at 8 ranks on two cores each collective costs several times what it does at 2 and 4:
 # there the factorisations of 8 run (what only 8 shows); TP over the world, recomputation
 # and ZeRO-2/3 run at 2 and 4 (ZeRO-2 with a bucket per parameter, 100 of them, at 2 only)
