@@ -288,8 +288,9 @@ def estimate(model, cluster, layout):
         bubble_s = float(frac / (1 - frac)) * m * mean_mb
         alpha, bw = cluster.link(t * d + 1)              # neighbours are t d ranks apart
         fill = 2 * (p - 1) * (alpha + SB.transfer_bytes(model, lay, cross) / bw)
-        ends = {k: c for k, c in mine["pp"].items() if k != "send"}   # loss, tied table: end to end
-        pp_s = (SB.seconds({k: c for k, c in mine["pp"].items() if k == "send"}, 2, alpha, bw) + fill
+        sends = {k: c for k, c in mine["pp"].items() if k == "send"}
+        ends = {k: c for k, c in mine["pp"].items() if k != "send"}   # the loss, the tied table
+        pp_s = (SB.seconds(sends, 2, alpha, bw) + fill       # ends: across the whole pipeline
                 + SB.seconds(ends, p, *cluster.link((p - 1) * t * d + 1), {"all_reduce": 2}))
     note("bubble", "(p-1)/(v m) of m micro-batches on a mean stage (s)", bubble_s)
     note("exposed PP", "busiest stage's sends + 2 (p-1) fill/drain transfers (s)", pp_s)
