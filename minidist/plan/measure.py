@@ -93,12 +93,14 @@ def lesson_args(tp, pp, dp, shape=SHAPE, steps=4, zero=1):
     return _lesson07().build_parser().parse_args(flags)
 
 
-def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1):
+def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1, charged=None):
     """Seconds per training step of lesson 07's 3D run at tp x pp x dp on comm (wrapped or
     not): each step starts after a barrier on the unwrapped communicator and lasts until
     the slowest rank ends it; the median of the steps after `warmup`. Also returns m.
     zero=1: ZeRO-1 over dp (one reduce-scatter and one all-gather of a flat buffer, as the
-    planner counts; plain averaging all-reduces every parameter apart)."""
+    planner counts; plain averaging all-reduces every parameter apart). charged: a dict
+    to fill, on a wrapped comm, with this rank's link delays per timed step by link class
+    ({"intra": seconds, "inter": seconds})."""
     from minidist.comm import ProcessGrid
     from minidist.lessons import common
     from minidist.model import GPT
@@ -121,7 +123,10 @@ def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1):
     rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
     base = linkmodel.unwrap(comm)
     times = []
+    links = comm.links if isinstance(comm, linkmodel.LinkedComm) else None
     for step in range(args.steps):
+        if links is not None and step == warmup:
+            links.reset()                  # count the timed steps only
         x, y = data.get_batch("train", args.batch_size, step)
         batches = micro_batches(x[rows], y[rows], step, args.seed, m, first_sample=rows.start)
         base.Barrier()
@@ -132,6 +137,8 @@ def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1):
         base.Allreduce(took, slowest, op=MPI.MAX)
         times.append(float(slowest[0]))
     grid.free()
+    if charged is not None and links is not None:
+        charged.update({c: v[2] / steps for c, v in links.counts.items()})
     return float(np.median(times[warmup:])), m
 
 
@@ -278,7 +285,8 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
     """Measure and predict every layout lesson 07 allows on comm's ranks; see the module
     docstring. Every rank calls it; every rank gets the same dict:
       measured: [{tp, pp, dp, micro_batches, measured_step_s, predicted_step_s,
-                  predicted parts}], spearman, best_measured, best_predicted_two,
+                  link_delay_s (the most link delay one rank waited per step), predicted
+                  parts}], spearman, best_measured, best_predicted_two,
       best_in_predicted_two, and what the cluster was built from."""
     from minidist.plan.cluster import GPUS
     comm = linkmodel.unwrap(comm)          # the lesson's world may come wrapped (MINIDIST_LINKS)
@@ -306,11 +314,15 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
         links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw),
                                 (0.0, real.inter_bw), scale, wait,
                                 placement=megatron_placement(tp, pp, dp, per_node))
-        took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup)
+        charged = {}
+        took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup,
+                              charged=charged)
+        waited, most = np.array([sum(charged.values())]), np.empty(1)
+        comm.Allreduce(waited, most, op=MPI.MAX)
         cluster = cpu_cluster(flops, hbm, links, alpha, itemsize, size, eff)
         est = predict(cluster, tp, pp, dp, m, shape)
         out.append({"tp": tp, "pp": pp, "dp": dp, "micro_batches": m, "measured_step_s": took,
-                    "predicted_step_s": est.step_time_s,
+                    "predicted_step_s": est.step_time_s, "link_delay_s": float(most[0]),
                     "predicted": {k: getattr(est, k) for k in ("compute_s", "tp_s", "pp_s", "dp_s",
                                                                "bubble_s", "optimizer_s")}})
     name = lambda r: f"{r['tp']}x{r['pp']}x{r['dp']}"      # noqa: E731
