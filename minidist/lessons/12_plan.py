@@ -193,18 +193,22 @@ def costs(model, cluster, est, seed):
         f"{per_layer / 1e6:,.0f} MB per layer ({lay.recompute} recompute, Korthikanti et al.) =\n   "
         f"{gb(float(flight) * layers * per_layer)} of activations, beside "
         f"{gb(sum(v for k, v in est.memory.items() if k != 'activations'))} of states")
-    item = memory.ACCOUNTING[lay.precision][1]
-    psi = est.memory["grads"] / item * (d if lay.zero >= 2 else 1)
     alpha, bw = cluster.link(t * d)
-    ring = collectives.ring_all_reduce_time(psi * item, d, alpha, 1 / bw)
+    sent = est.bytes_sent["dp"]
+    ring = sent / bw                                  # the bandwidth term of the rings' time
+    what = ("one ring all-reduce of the gradients", "a reduce-scatter of the gradients and an all-gather "
+            "of the weights", "a reduce-scatter of the gradients per micro-batch and an all-gather of the "
+            "weights", "per micro-batch, all-gathers of the weights (forward and backward) and a "
+            "reduce-scatter of the gradients")[lay.zero]
     if d == 1:
         say("   DP: none (dp 1): no gradients to reduce.\n")
     else:
-        say(f"   DP: each GPU's {psi / 1e9:.2f}e9 gradients ({item} B each) reduced over dp {d} on "
-            f"{bw / GB:.0f} GB/s: {gb(traffic.dp_bytes(psi, d, item))}\n   sent per GPU, "
-            f"{ring:.2f} s as one ring all-reduce (plan.collectives); overlapped with the last\n"
-            f"   micro-batch's backward (and ZeRO {lay.zero}'s gathers added), {est.dp_s:.2f} s of it is "
-            "exposed.\n")
+        say(textwrap.fill(
+            f"DP (ZeRO {lay.zero}): {what}, over dp {d} on {bw / GB:.0f} GB/s: {gb(sent)} sent by a GPU of "
+            f"stage {est.bytes_stage} (est.bytes_sent, plan.step_bytes: the engine's own count, which "
+            f"the lessons' counters match to the byte), {ring:.2f} s on the wire; overlapped with the last "
+            f"micro-batch's backward, {est.dp_s:.2f} s of it is exposed.", 96,
+            initial_indent="   ", subsequent_indent="   ") + "\n")
     return ok_bubble, ok_flight, {"layout": est.as_dict(), "micro_batches": m, "bubble": str(frac),
                                   "bubble_simulated": str(sim.bubble), "in_flight": str(flight),
                                   "in_flight_simulated": str(sim_flight), "dp_ring_s": ring}

@@ -73,6 +73,9 @@ class Parallel3D:
     """
 
     def __init__(self, stage, tp_model, grid, schedule, m, opt, zero=None):
+        if tp_model.sequence_parallel:     # the stages would run plain TP, silently: refuse
+            raise ValueError("sequence parallelism inside a pipeline is not built here: PipelineGPT's "
+                             "stages run the blocks as plain tensor parallelism")
         self.stage, self.tp_model, self.grid, self.m = stage, tp_model, grid, m
         self.pipe = PipelineParallel(stage, grid.pp_comm, schedule, m, dp=None)
         self.zero = zero                           # a ZeRO(stage, opt, grid.dp_comm, 1), or None

@@ -215,3 +215,16 @@ def test_sgd_without_clipping():
         pytest.skip("SGD without clipping runs at 4 and 8 ranks")
     _, state = check_case(SMALL, TOL, sgd=True)
     assert not any(k.startswith("norm@") for k in state)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sequence_parallelism_inside_3d_is_refused_not_dropped():
+    """PipelineGPT's stages run plain tensor parallelism: an SP model would train as plain
+    TP while its byte count claimed SP's collectives, so Parallel3D refuses it."""
+    grid = ProcessGrid(tp=2, pp=1, dp=WORLD // 2) if WORLD % 2 == 0 else None
+    if grid is None:
+        pytest.skip("needs an even world size")
+    stage, tp_model = build_stage(GPT(config(0.0), seed=SEED), grid)
+    tp_model.sequence_parallel = True
+    with pytest.raises(ValueError, match="sequence parallelism inside a pipeline is not built"):
+        Parallel3D(stage, tp_model, grid, "1f1b", 2, optimizer(stage, False))
