@@ -11,4 +11,8 @@ Layers of this package (each imports only those above it):
   cluster      GPUs and links from their datasheets
   cost         one layout on one cluster: memory, FLOPs, communication, step time, MFU
   search       every legal layout, best first; `python -m minidist.plan`
+  choose       the fastest layout under a memory cap (exercise 12.4)
+  published    published runs and the planner's predictions of them (lesson 12)
+  measure      lesson 07's layouts timed under the link model (minidist/comm/links.py)
+               beside the planner's predictions for them (lesson 12 --measure)
 """
