@@ -9,9 +9,9 @@ where the winner changes are the crossovers. Its three constants are this machin
 
     alpha   seconds per message (per round of an algorithm)
     beta    seconds per byte sent
-    gamma   seconds per byte reduced: numpy.add of two 4 MiB float32 arrays, per byte
+    gamma   seconds per byte reduced: numpy.add of two 1 MiB float32 arrays, per byte
 
-alpha and beta are fitted to the three algorithms timed from 8 B to 4 MiB (`calibrate`).
+alpha and beta are fitted to the three algorithms timed from 8 B to 1 MiB (`calibrate`).
 
 `calibrate` measures them; the bench's --calibrate stores them as JSON, one entry per world
 size (ranks that share two cores wait for each other, so alpha depends on how many there
@@ -147,7 +147,7 @@ def choose(comm, nbytes):
 
 # ----------------------------------------------------------------------------- measuring them
 
-def calibrate(comm, big=2**22, repeats=5):
+def calibrate(comm, big=2**20, repeats=7):
     """alpha, beta, gamma for this machine, the same on every rank (needs two ranks or more).
 
     gamma is measured alone: numpy.add of two float32 arrays of `big` bytes, every rank at
@@ -156,14 +156,16 @@ def calibrate(comm, big=2**22, repeats=5):
 
         t(algorithm, M) = c + A alpha + B beta + G gamma      (A, B, G: the model's counts)
 
-    weighted by 1/t, so that 8 B and 4 MiB count alike; c, what a call costs whatever it
+    weighted by 1/t, so that 8 B and 1 MiB count alike; c, what a call costs whatever it
     sends (waking up after the barrier, Python's own work), is fitted too and returned as
     "call", but the model leaves it out: it is the same for every algorithm and moves no
     crossover. A fit, not a ping-pong: a round
     inside an all-reduce here costs more than one message in a quiet exchange (ranks that
     share cores wait to be scheduled between rounds, and above MPICH's eager limit, a few
     KiB here, every message waits for a handshake first), and what decides the crossovers
-    is the cost of a round as the algorithms meet it.
+    is the cost of a round as the algorithms meet it. Up to 1 MiB by default: the
+    crossovers fall below it, and past it the cost per byte grows (the arrays leave the
+    caches), which one straight line cannot follow.
     """
     from minidist.comm.collectives import all_reduce
     from minidist.plan.collectives import ALL_REDUCE_TIMES
