@@ -18,8 +18,8 @@ largest power of two <= N (docs/reference.md#collectives; minidist/plan/collecti
 N not a power of two, say N = 6 = 4 + 2: first the 2(N-P) lowest ranks pair up, the even
 one of each pair hands its array to the odd one and waits; the P remaining ranks run the
 algorithm; at the end the odd ones hand the answer back (M more for them). MPICH does
-the same. Its cost, 2 alpha + 2 M beta + M gamma, is why the ring wins large messages
-at N = 3, 5, 6 and 7.
+the same. Its cost, 2 alpha + 2 M beta + M gamma, is why in the model the ring wins
+large messages at N = 3, 5, 6 and 7.
 
 Summation order. Both algorithms add pairs of neighbours first, then pairs of pairs:
 x0 + x1 (and x2 + x3), then (x0 + x1) + (x2 + x3); a folded pair (x_2i + x_2i+1)
