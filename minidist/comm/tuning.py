@@ -192,12 +192,13 @@ def calibrate(comm, big=2**20, repeats=7):
 
 def slowest_medians(comm, calls, iters, warmup=0):
     """{name: median over iters of the slowest rank's time for one call}, the calls made in
-    turn on every iteration, so a noisy neighbour slows them alike, and in an order that
-    turns by one each iteration, so none always runs in the caches another left."""
+    turn on every iteration, so a noisy neighbour slows them alike, in an order shuffled
+    each iteration (the same on every rank), so none always follows the same other one."""
     times = {k: [] for k in calls}
     names = list(calls)
     for i in range(warmup + iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for j in np.random.default_rng(i).permutation(len(names)):
+            name = names[j]
             call = calls[name]
             comm.Barrier()
             t0 = MPI.Wtime()
