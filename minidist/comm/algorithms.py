@@ -135,17 +135,24 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
             acc[:] = src                                      # one rank: nothing to add
         if vrank is not None and p2 > 1:
             b = chunk_bounds(acc.size, p2)
-            incoming = np.empty(max(b[p2 // 2], acc.size - b[p2 // 2]), acc.dtype)  # a half
+            incoming = None
             lo, hi, distance, rounds = 0, p2, 1, []
             while distance < p2:
                 partner, mid = real(vrank ^ distance), (lo + hi) // 2
                 lower, upper = (lo, mid), (mid, hi)
                 keep, give = (lower, upper) if vrank & distance == 0 else (upper, lower)
                 kept, given = slice(b[keep[0]], b[keep[1]]), slice(b[give[0]], b[give[1]])
-                got = incoming[:kept.stop - kept.start]
                 # give away my piece of the other half, take the partner's piece of mine, add it
-                sendrecv(comm, mine[given], partner, got, partner, TAG_HALVING)
-                combine(mine[kept], got, out=acc[kept])
+                if mine is src:     # nothing added yet: the partner's piece lands in its place
+                    got = acc[kept]
+                    sendrecv(comm, src[given], partner, got, partner, TAG_HALVING)
+                    combine(got, src[kept], out=got)
+                else:               # acc holds my partial sum: the partner's piece waits beside
+                    if incoming is None:                  # the largest window still to come
+                        incoming = np.empty(kept.stop - kept.start, acc.dtype)
+                    got = incoming[:kept.stop - kept.start]
+                    sendrecv(comm, acc[given], partner, got, partner, TAG_HALVING)
+                    combine(acc[kept], got, out=acc[kept])
                 rounds.append((partner, keep, give))
                 (lo, hi), distance, mine = keep, distance * 2, acc
             for partner, keep, give in reversed(rounds):
