@@ -85,8 +85,8 @@ def build_parser():
                    help="size multiplier between rows, 2 or more (default 2)")
     p.add_argument("--iters", "-n", type=harness.positive_int, default=10,
                    help="timed calls per size")
-    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=2,
-                   help="untimed calls first")
+    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=5,
+                   help="untimed calls first, at each size (default 5)")
     p.add_argument("--calibrate", action="store_true",
                    help=f"measure alpha, beta, gamma, store them ({tuning.ENV} or the cache "
                         "dir), stop")
