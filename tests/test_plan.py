@@ -142,6 +142,17 @@ def test_fixed_llama3_layout_prints_that_one_layout(capsys):
     assert any("MFU" in line for line in lines) and any("bubble" in line for line in lines)
 
 
+def test_the_cli_states_the_published_llama3_row(capsys):
+    """Every field of the layout plan.published models for Llama 3 405B on 8192 GPUs has a
+    flag, --flash-attention included: the CLI prints that row's prediction."""
+    from minidist.plan import published
+    row = next(r for r in published.ROWS if r.label == "405B on 8192")
+    code, out = run(capsys, LLAMA + ["--chunks", "8", "--zero", "1", "--sequence-parallel",
+                                     "--flash-attention", "--json"])
+    lay = json.loads(out.out)["layouts"][0]
+    assert code == 0 and lay["mfu"] == published.predict(row)[0]
+
+
 def test_text_output_fits_100_columns(capsys):
     code, out = run(capsys, ["--params", "70e9", "--gpus", "1024", "--explain"])
     assert code == 0 and max(map(len, out.out.splitlines())) <= 100

@@ -35,7 +35,7 @@ from minidist.plan import collectives, cost, memory, pipeline, published, search
 GB = 1e9                          # the papers' GB
 SEED_PSI = 70e9                   # the seed's "70B-parameter model"
 SEED_ROUGH = 560e9                # the seed's "~560 GB" (its own figure, quoted to be corrected)
-ZERO_PAPER = (7.5e9, 64, ("120", "31.4", "16.6", "1.88"))   # Rajbhandari et al. 2020, Figure 1 (GB)
+ZERO_PAPER = (7.5e9, 64, ("120", "31.4", "16.6", "1.9"))   # Rajbhandari et al. 2020, Figure 1 (GB)
 # Llama 2 70B's shape (Touvron et al. 2023, arXiv 2307.09288, Table 1 and the released config):
 # a real 70B model, counted parameter by parameter
 LLAMA2_70B = dict(layers=80, hidden=8192, heads=64, vocab=32000, seq=4096, global_batch=1024,
@@ -104,10 +104,12 @@ def zero_paper():
     """The paper's own example beside the formula: Psi = 7.5e9 on N_d = 64, Figure 1."""
     psi, n_d, published_gb = ZERO_PAPER
     got = [sum(memory.model_state_bytes(psi, n_d, stage).values()) for stage in range(4)]
-    ours = [f"{x / GB:.3g}" for x in got]
-    ok = ours == list(published_gb)
-    say(f"  The paper's own example, 7.5B on 64 devices, stages 0-3: {', '.join(ours)} GB; its Figure 1:\n"
-        f"  {', '.join(published_gb)} GB: {'the same' if ok else 'DIFFERENT'} to the paper's digits.\n")
+    ours = [f"{x / GB:.4g}" for x in got]
+    decimals = [len(p.partition(".")[2]) for p in published_gb]     # the paper's own digits
+    ok = [f"{x / GB:.{k}f}" for x, k in zip(got, decimals)] == list(published_gb)
+    say(f"  The paper's own example, 7.5B on 64 devices, stages 0-3: {', '.join(ours)} GB;\n"
+        f"  its Figure 1: {', '.join(published_gb)} GB: {'the same' if ok else 'DIFFERENT'} to the "
+        "paper's digits.\n")
     return ok, {"computed_bytes": got, "published_gb": list(published_gb)}
 
 
@@ -133,7 +135,8 @@ def best_layouts(model, cluster, ests):
     g = cluster.gpu
     say(f"2. The best layouts for {cluster.gpus} {g.name}: {g.peak_flops / 1e12:.0f} TFLOP/s dense "
         f"16-bit, {gb(g.memory_bytes)}, matrix\n   products at {g.matmul_efficiency:.0%} of the peak "
-        "(one constant per GPU type, plan.cluster)")
+        "(one constant per GPU type, fitted to that type's published\n   rows in section 6, "
+        "plan.cluster: a whole step's matrix products, not a GEMM benchmark)")
     say(f"   model (plan.cost.model_from_params): L {model.layers}, h {model.hidden}, {model.heads} heads, "
         f"V {model.vocab}, s {model.seq},\n   {model.params():,} parameters; global batch "
         f"{model.global_batch} sequences ({model.global_batch * model.seq:,} tokens)")
@@ -182,9 +185,9 @@ def costs(model, cluster, est, seed):
     sim = schedules.simulate(schedules.build(name, p, m, v), p, m, v)
     sim_flight = Fraction(sim.peak[0], v)
     ok_bubble, ok_flight = sim.bubble == frac, flight == sim_flight
-    say(f"   bubble ({name}, plan.pipeline.bubble_fraction): (p-1)/(v m + p-1) = {frac}, "
-        f"{float(frac):.1%} of the\n   step, {est.bubble_s:.2f} s; the schedule simulated in logical time "
-        f"idles {sim.bubble}: {'the same' if ok_bubble else 'DIFFERENT'}")
+    say(f"   bubble ({name}, plan.pipeline.bubble_fraction): (p-1)/(v m + p-1) = {frac} of compute\n"
+        f"   + bubble, {est.bubble_s:.2f} s ({est.bubble_s / est.step_time_s:.1%} of the whole step); "
+        f"the schedule simulated in\n   logical time idles {sim.bubble}: {'the same' if ok_bubble else 'DIFFERENT'}")
     layers = cost.stage_layers(model.layers, p)[0]
     per_layer = memory.activation_layer_bytes(model.seq, b, model.hidden, model.heads, t, lay.sequence_parallel,
                                               lay.recompute)
@@ -257,8 +260,13 @@ def published_runs():
         what, k, form = KINDS[kind]
         say(f"   {src}: {what}")
         harness.table([[r["label"], form.format(r["predicted"] * k), form.format(r["published"] * k),
-                        f"{100 * r['rel_error']:+.1f}%"] for r in rows],
-                      ["row", "predicted", "published", "error"], indent="     ")
+                        f"{100 * r['rel_error']:+.1f}%", gb(r["memory_bytes_per_gpu"]),
+                        "yes" if r["fits"] else "NO"] for r in rows],
+                      ["row", "predicted", "published", "error", "memory", "fits"], indent="     ")
+        errs = [abs(r["rel_error"]) for r in rows]
+        say(f"     this paper's rows: mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}")
+        if not all(r["fits"] for r in rows):
+            say("     NO: by the planner's own memory count this layout does not fit (the note says why)")
         if rows[0]["note"]:
             say(textwrap.fill(f"({rows[0]['note']})", 96, initial_indent="     ", subsequent_indent="      "))
     mean, worst = result["mean_abs_error"], result["worst_abs_error"]

@@ -5,6 +5,10 @@
     python -m minidist.plan --gpus 8192 --gpu h100-sxm --tp 8 --pp 16 --layers 126 \\
         --hidden 16384 --heads 128 --kv-heads 8 --ffn-hidden 53248 --vocab 128256 \\
         --swiglu --seq 8192 --global-batch 2048 --explain
+    python -m minidist.plan --gpus 8192 --gpu h100-sxm --tp 8 --pp 16 --chunks 8 --zero 1 \
+        --sequence-parallel --flash-attention --layers 126 --hidden 16384 --heads 128 \
+        --kv-heads 8 --ffn-hidden 53248 --vocab 128256 --swiglu --seq 8192 --global-batch 2048
+        (Llama 3 405B's layout as plan.published models it: Grattafiori et al. 2024, Table 4)
 
 With --tp and --pp both given the layout is fixed (the other fields default to micro-batch
 1, one chunk, no sequence parallelism, no recomputation, ZeRO 0 unless given) and that one
@@ -58,6 +62,8 @@ def build_parser():
                            ("ffn-hidden", "MLP width (4h)"), ("kv-heads", "key/value heads (= heads)")):
         p.add_argument(f"--{name}", type=_whole, help=helptext)
     p.add_argument("--swiglu", action="store_true", help="Llama's three-matrix MLP")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="no s x s attention scores kept or written (Dao et al. 2022)")
     p.add_argument("--json", action="store_true", help='print {"layouts": [...]}')
     p.add_argument("--explain", action="store_true", help="the arithmetic of the first layout")
     p.add_argument("--top", type=_whole, default=5, help="layouts to print (5)")
@@ -103,12 +109,14 @@ def main(argv=None):
     except ValueError as err:
         p.error(str(err))
     fixed = dict(micro_batch=args.micro_batch, chunks=args.chunks, zero=args.zero,
-                 recompute=args.recompute, sequence_parallel=True if args.sequence_parallel else None)
+                 recompute=args.recompute, sequence_parallel=True if args.sequence_parallel else None,
+                 flash_attention=args.flash_attention)
     if args.tp and args.pp:
         if args.gpus % (args.tp * args.pp):
             p.error(f"tp x pp = {args.tp * args.pp} does not divide the {args.gpus} GPUs")
         lay = Layout(args.tp, args.pp, args.gpus // (args.tp * args.pp), args.micro_batch or 1,
-                     args.chunks or 1, args.zero or 0, args.sequence_parallel, args.recompute or "none")
+                     args.chunks or 1, args.zero or 0, args.sequence_parallel, args.recompute or "none",
+                     flash_attention=args.flash_attention)
         why = legal(model, cluster, lay)
         if why:
             p.error(why)

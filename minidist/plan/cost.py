@@ -36,8 +36,9 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
   DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather; stage 3 by
            units, one per layer) over the group's link, in the buckets of
            Layout.bucket_bytes; under 1F1B it overlaps only the last micro-batch's
-           backward, the rest is exposed; ZeRO's parameter all-gather after the step is
-           exposed.
+           backward, the rest is exposed; ZeRO 1-2's weight all-gather after the step
+           hides behind the next step's first forward (Megatron's --overlap-param-gather),
+           ZeRO 3's gathers and reduce-scatters behind each micro-batch's compute.
   optimizer Adam over this GPU's share of the state, bound by HBM: it reads the K bytes
            of state and the g of gradient and writes the state and the w of weights,
            (2K + g + w) bytes per parameter (this project's count).
@@ -307,18 +308,21 @@ def estimate(model, cluster, layout):
             return SB.seconds({k: c for k, c in mine["dp"].items() if k in names}, d, *dp_link)
 
         bwd = comp_mb * (2 * fwd + again) / (3 * fwd + again)    # last micro-batch's backward
+        first_fwd = comp_mb * fwd / (3 * fwd + again)             # next step's first forward
         rs, ag = dp_time("reduce_scatter"), dp_time("all_gather")
+        # ZeRO 1-2's weight all-gather hides behind the next step's first forward, as
+        # Megatron's --overlap-param-gather does; ZeRO 3's gathers behind each micro-batch
         if lay.zero == 0:
             dp_s = max(0.0, dp_time("all_reduce") - bwd)
         elif lay.zero == 1:
-            dp_s = max(0.0, rs - bwd) + ag
+            dp_s = max(0.0, rs - bwd) + max(0.0, ag - first_fwd)
         elif lay.zero == 2:                        # reduced after every micro-batch's backward
-            dp_s = m * max(0.0, rs / m - bwd) + ag
+            dp_s = m * max(0.0, rs / m - bwd) + max(0.0, ag - first_fwd)
         else:                                      # gathered for forward and backward, each micro-batch
             dp_s = m * max(0.0, (ag + rs) / m - comp_mb)
-    note("exposed DP", ("all-reduce less the last backward (s)", "reduce-scatter less the last backward"
-                        " + all-gather (s)", "m x (reduce-scatter less a backward) + all-gather (s)",
-                        "m x (2 gathers + reduce-scatter less a micro-batch) (s)")[lay.zero], dp_s)
+    note("exposed DP", ("all-reduce less the last backward (s)", "RS less last backward + AG less a "
+                        "forward (s)", "m x (RS less a backward) + AG less a forward (s)",
+                        "m x (2 gathers + RS less a micro-batch) (s)")[lay.zero], dp_s)
 
     # -- the optimizer step: Adam reads and writes its state, bound by HBM
     k_item = ACCOUNTING[lay.precision][2]

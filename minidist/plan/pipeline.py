@@ -4,8 +4,11 @@ cross a stage boundary.
 Bubble fractions of the total time (docs/reference.md#pipeline-bubbles), p stages, m
 micro-batches, forward and backward of one micro-batch on one stage taking f and b:
     naive (one micro-batch at a time)   (p-1)/p
-    GPipe, 1F1B                         (p-1)/(m+p-1)          (Narayanan et al. 2021, eq. 1)
-    interleaved 1F1B, v chunks          (p-1)/(v m + p-1)      (their section 2.2.2)
+    GPipe, 1F1B                         (p-1)/(m+p-1)
+    interleaved 1F1B, v chunks          (p-1)/(v m + p-1)
+(Narayanan et al. 2021 give the bubble beside the ideal compute time instead: (p-1)/m in
+their eq. 1 and (1/v)(p-1)/m in section 2.2.2; t/(t + ideal) turns those into the
+fractions of the total above.)
     ZB-H1 (b split into B and W)        (p-1)(f+B-W) of idle time per rank (Qi et al. 2024)
 parallel/schedules.py simulates the schedules themselves; tests/test_schedules.py holds
 these formulas to the simulation exactly.

@@ -33,9 +33,13 @@ K_SRC = "Korthikanti et al. 2022, Table 5"
 N_SRC = "Narayanan et al. 2021, Table 1"
 L_SRC = "Llama 3 (Grattafiori et al. 2024), Table 4"
 K_NOTE = "micro-batch and interleaving from Calculon's inputs, not confirmed in the paper"
-N_NOTE = "micro-batch 1 and no interleaving assumed: Table 1 gives neither"
-L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash attention assumed; DP is FSDP, "
-          "modelled as ZeRO-1 with fp32 gradients (their section 3.3.2)")
+N_NOTE = ("micro-batch 1 and no interleaving assumed: Table 1 gives neither; also today's Megatron "
+          "assumed: 2-byte gradients, their reduction overlapped with the last backward")
+L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash attention assumed; DP is "
+          "FSDP, which shards gradients and optimizer state (their section 3.3.2), modelled here as "
+          "Megatron's distributed optimizer (ZeRO-1, whole fp32 gradients): our mapping, which overstates "
+          "memory; GPT's activation count (34sbh) used for the SwiGLU/GQA shape; attention FLOPs counted for "
+          "the whole s x s (Meta does not say)")
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ def compare(rows=ROWS):
                                            "optimizer_s")}
         out.append({"source": row.source, "label": row.label, "kind": row.kind, "predicted": value,
                     "published": row.published, "rel_error": value / row.published - 1,
-                    "note": row.note, "split": split})
+                    "note": row.note, "split": split, "memory_bytes_per_gpu": est.memory_bytes_per_gpu,
+                    "fits": est.fits})
     errs = [abs(r["rel_error"]) for r in out]
     return {"rows": out, "mean_abs_error": sum(errs) / len(errs), "worst_abs_error": max(errs)}
 

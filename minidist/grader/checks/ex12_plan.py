@@ -28,7 +28,7 @@ student's function has returned:
 
 Then the plug-in check runs lesson 12, a 7B model on 16 GPUs, with the function in the package
 (python -m minidist.lessons.12_plan --gpus 16 --params 7e9): the ZeRO paper's 7.5B-on-64 figures
-(120, 31.4, 16.6, 1.88 GB) reproduced, a pipelined layout's bubble and first-stage
+(120, 31.4, 16.6, 1.9 GB in its Figure 1) reproduced, a pipelined layout's bubble and first-stage
 micro-batches in flight equal to its simulated schedule, and the chosen layouts fitting
 with nothing that fits faster. One process, so the grader grades this file serially.
 """
