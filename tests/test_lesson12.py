@@ -84,24 +84,27 @@ def test_an_unknown_gpu_is_refused_by_the_parser(capsys):
     assert stop.value.code == 2 and "invalid choice: 'b200'" in capsys.readouterr().err
 
 
-def fake_measure(rho, best, two):
+def fake_measure(rho, best, two, same_bytes=True):
     rows = [{"tp": t, "pp": p, "dp": 8 // (t * p), "micro_batches": 4, "measured_step_s": 0.1 * (i + 1),
              "predicted_step_s": 0.1 * (i + 1), "predicted": dict.fromkeys(
-                 ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"), 0.01)}
+                 ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"), 0.01),
+             "bytes_match": same_bytes or i != 1}
             for i, (t, p) in enumerate(((1, 1), (2, 1), (2, 2)))]
     return {"measured": rows, "spearman": rho, "best_measured": best, "best_predicted_two": two,
-            "best_in_predicted_two": best in two}
+            "best_in_predicted_two": best in two, "bytes_match": same_bytes}
 
 
-@pytest.mark.parametrize("rho, best, agree", [(0.9, "1x1x8", True), (0.7, "1x1x8", False),
-                                              (0.95, "2x2x2", False), (None, "1x1x8", False)])
-def test_the_measure_verdict_needs_rho_and_the_best_among_the_predicted_two(monkeypatch, rho, best, agree):
+@pytest.mark.parametrize("rho, best, same_bytes, agree", [
+    (0.9, "1x1x8", True, True), (0.7, "1x1x8", True, False), (0.95, "2x2x2", True, False),
+    (None, "1x1x8", True, False), (0.9, "1x1x8", False, False)])
+def test_the_measure_verdict_needs_rho_the_best_among_the_predicted_two_and_the_bytes(
+        monkeypatch, rho, best, same_bytes, agree):
     """The section's verdict from plan.measure.run's result (the run itself, 8 ranks for
-    minutes, is not part of the suite)."""
+    minutes, is not part of the suite; its byte counts are in tests/mpi/test_links.py)."""
     from mpi4py import MPI
     from minidist.lessons import harness
     from minidist.plan import measure
-    monkeypatch.setattr(measure, "run", lambda comm: fake_measure(rho, best, ["1x1x8", "2x1x4"]))
+    monkeypatch.setattr(measure, "run", lambda comm: fake_measure(rho, best, ["1x1x8", "2x1x4"], same_bytes))
     with harness.running(MPI.COMM_SELF) as said:
         ok, result = lesson().measured(MPI.COMM_SELF)
     assert ok is agree and result["spearman"] == rho

@@ -81,12 +81,14 @@ def test_factorisations_and_placement():
 def test_table_fits_100_columns():
     rows = [{"tp": t, "pp": p, "dp": d, "micro_batches": 4, "measured_step_s": 123.4 * t,
              "predicted_step_s": 99.9 * p, "predicted": dict.fromkeys(
-                 ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"), 12345.6)}
+                 ("compute_s", "tp_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"), 12345.6),
+             "bytes_match": (t, p) != (2, 2)}
             for t, p, d in measure.factorisations(8)]
     result = {"measured": rows, "spearman": 0.5, "best_measured": "1x1x8",
               "best_predicted_two": ["1x2x4", "2x2x2"]}
     lines = measure.table(result)
-    assert len(lines) == len(rows) + 4 and max(map(len, lines)) <= 100, max(lines, key=len)
+    assert len(lines) == len(rows) + 6 and max(map(len, lines)) <= 100, max(lines, key=len)
+    assert "DIFFERENT on 2x2x2" in lines[-3] and sum("DIFF" in line for line in lines[2:-4]) == 1
 
 
 @needs_mpirun

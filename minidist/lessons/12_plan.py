@@ -297,9 +297,11 @@ def measured(comm):
         say(line)
     rho, top2 = result["spearman"], result["best_in_predicted_two"]
     rho_ok = rho is not None and rho >= GOAL_RHO
-    ok = rho_ok and top2
-    say(f"   rho {'-' if rho is None else f'{rho:.2f}'} {'>=' if rho_ok else 'NOT >='} {GOAL_RHO}; the measured "
-        f"best is {'' if top2 else 'NOT '}among the predicted best two: "
+    same_bytes = result.get("bytes_match", False)
+    ok = rho_ok and top2 and same_bytes
+    say(f"   bytes: the planner's {'equal' if same_bytes else 'DIFFER from'} the counters'; rho "
+        f"{'-' if rho is None else f'{rho:.2f}'} {'>=' if rho_ok else 'NOT >='} {GOAL_RHO}; the measured "
+        f"best is {'' if top2 else 'NOT '}among\n   the predicted best two: "
         + ("the rankings agree" if ok else "they DISAGREE") + "\n")
     return ok, result
 

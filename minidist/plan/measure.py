@@ -93,14 +93,16 @@ def lesson_args(tp, pp, dp, shape=SHAPE, steps=4, zero=1):
     return _lesson07().build_parser().parse_args(flags)
 
 
-def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1, charged=None):
+def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1, charged=None, sent=None):
     """Seconds per training step of lesson 07's 3D run at tp x pp x dp on comm (wrapped or
     not): each step starts after a barrier on the unwrapped communicator and lasts until
     the slowest rank ends it; the median of the steps after `warmup`. Also returns m.
     zero=1: ZeRO-1 over dp (one reduce-scatter and one all-gather of a flat buffer, as the
     planner counts; plain averaging all-reduces every parameter apart). charged: a dict
     to fill, on a wrapped comm, with this rank's link delays per timed step by link class
-    ({"intra": seconds, "inter": seconds})."""
+    ({"intra": seconds, "inter": seconds}). sent: a dict to fill with every rank's bytes of
+    the last step by group, {(tp_rank, pp_rank, dp_rank): {"tp", "pp", "dp"}}, from the
+    strategy's own counters (Parallel3D.traffic; the clipping norm's group left out)."""
     from minidist.comm import ProcessGrid
     from minidist.lessons import common
     from minidist.model import GPT
@@ -136,6 +138,13 @@ def time_layout(comm, tp, pp, dp, shape=SHAPE, steps=3, warmup=1, zero=1, charge
         slowest = np.empty(1)
         base.Allreduce(took, slowest, op=MPI.MAX)
         times.append(float(slowest[0]))
+    if sent is not None:
+        mine = [grid.tp_comm.Get_rank(), grid.pp_comm.Get_rank(), grid.dp_comm.Get_rank()]
+        mine += [sum(slot.traffic[g].values()) for g in GROUPS]
+        every = np.empty((comm.Get_size(), len(mine)))
+        base.Allgather(np.array(mine, dtype=float), every)
+        sent.update({tuple(int(x) for x in row[:3]): dict(zip(GROUPS, (int(x) for x in row[3:])))
+                     for row in every})
     grid.free()
     if charged is not None and links is not None:
         charged.update({c: v[2] / steps for c, v in links.counts.items()})
@@ -240,13 +249,33 @@ def cpu_cluster(flops, hbm, links, alpha, itemsize, size, efficiency=1.0):
                         inter_bw=gpu.inter_bw, inter_alpha=ea + alpha, gpu=gpu)
 
 
-def predict(cluster, tp, pp, dp, m, shape=SHAPE):
-    """cost.estimate of lesson 07's run at tp x pp x dp, m micro-batches, ZeRO-1 over dp."""
+def predict(cluster, tp, pp, dp, m, shape=SHAPE, precision="zero"):
+    """cost.estimate of lesson 07's run at tp x pp x dp, m micro-batches, ZeRO-1 over dp.
+    precision "zero" times it (16-bit values, bandwidths scaled to match: cpu_cluster);
+    "fp32" counts the bytes this float32 run sends (Estimate.bytes_sent)."""
     from minidist.plan.cost import Layout, Model, estimate
     model = Model(shape["n_layer"], shape["n_embd"], shape["n_head"], 256, shape["block_size"],
                   shape["batch_size"])
-    layout = Layout(tp, pp, dp, shape["batch_size"] // (dp * m), zero=1, precision="zero")
+    layout = Layout(tp, pp, dp, shape["batch_size"] // (dp * m), zero=1, precision=precision)
     return estimate(model, cluster, layout)
+
+
+GROUPS = ("tp", "pp", "dp")
+
+
+def one_node(cluster):
+    """The same GPUs in one node: for counting bytes. Across nodes the planner counts
+    Megatron's scatter/gather of pipeline sends (each of the t ranks sends 1/t: Narayanan
+    et al. 2021, section 4.1), which this engine does not do; inside a node the two agree."""
+    from minidist.plan.cluster import make_cluster
+    return make_cluster(None, cluster.gpus, cluster.gpus, gpu=cluster.gpu)
+
+
+def bytes_row(est, sent):
+    """(planned, measured) bytes by group for the GPU the planner speaks for: the first
+    rank (tp 0, dp 0) of the stage est.bytes_stage."""
+    planned = {g: int(est.bytes_sent.get(g, 0)) for g in GROUPS}
+    return planned, sent[(0, est.bytes_stage, 0)]
 
 
 def efficiency(comm, flops, hbm, itemsize, shape=SHAPE, steps=3):
@@ -314,14 +343,17 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
         links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw),
                                 (0.0, real.inter_bw), scale, wait,
                                 placement=megatron_placement(tp, pp, dp, per_node))
-        charged = {}
+        charged, sent = {}, {}
         took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup,
-                              charged=charged)
+                              charged=charged, sent=sent)
         waited, most = np.array([sum(charged.values())]), np.empty(1)
         comm.Allreduce(waited, most, op=MPI.MAX)
         cluster = cpu_cluster(flops, hbm, links, alpha, itemsize, size, eff)
         est = predict(cluster, tp, pp, dp, m, shape)
+        planned, counted = bytes_row(predict(one_node(cluster), tp, pp, dp, m, shape, "fp32"), sent)
         out.append({"tp": tp, "pp": pp, "dp": dp, "micro_batches": m, "measured_step_s": took,
+                    "bytes_planned": planned, "bytes_measured": counted,
+                    "bytes_match": planned == counted,
                     "predicted_step_s": est.step_time_s, "link_delay_s": float(most[0]),
                     "predicted": {k: getattr(est, k) for k in ("compute_s", "tp_s", "pp_s", "dp_s",
                                                                "bubble_s", "optimizer_s")}})
@@ -330,7 +362,7 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
     by_predicted = sorted(out, key=lambda r: r["predicted_step_s"])
     best, two = name(by_measured[0]), [name(r) for r in by_predicted[:2]]
     rho = spearman([r["measured_step_s"] for r in out], [r["predicted_step_s"] for r in out])
-    return {"measured": out, "spearman": rho,
+    return {"measured": out, "spearman": rho, "bytes_match": all(r["bytes_match"] for r in out),
             "best_measured": best, "best_predicted_two": two, "best_in_predicted_two": best in two,
             "shape": dict(shape), "gpu": gpu, "cpu_flops_per_rank": flops,
             "cpu_memory_bytes_per_s": hbm, "load_average": float(load[0]),
@@ -348,18 +380,23 @@ def table(result):
     predicted step (seconds, 3 significant digits), their ratio, the two ranks, and the
     predicted parts."""
     g = lambda x: f"{x:8.3g}"      # noqa: E731  (8 columns for any magnitude)
-    lines = ["  layout          m  measured predicted  ratio  rank m/p" + "".join(
-                 f"{k[:-2]:>8}" for k in PARTS),
-             "  " + "-" * 96]
+    lines = ["  layout      m  measured predicted  ratio  rank m/p" + "".join(
+                 f"{k[:-2]:>8}" for k in PARTS) + " bytes",
+             "  " + "-" * 98]
     rows = result["measured"]
     meas = sorted(range(len(rows)), key=lambda i: rows[i]["measured_step_s"])
     pred = sorted(range(len(rows)), key=lambda i: rows[i]["predicted_step_s"])
     for i, r in enumerate(rows):
         name = f"{r['tp']} x {r['pp']} x {r['dp']}"
         got, want = r["measured_step_s"], r["predicted_step_s"]
-        lines.append(f"  {name:<14}{r['micro_batches']:>3}  {g(got)}s {g(want)}s{got / want:>7.2f}"
+        lines.append(f"  {name:<10}{r['micro_batches']:>3}  {g(got)}s {g(want)}s{got / want:>7.2f}"
                      f"{meas.index(i) + 1:>6} /{pred.index(i) + 1:>2}"
-                     + "".join(g(r["predicted"][k]) for k in PARTS))
+                     + "".join(g(r["predicted"][k]) for k in PARTS)
+                     + ("      =" if r.get("bytes_match") else "   DIFF"))
+    diff = [f"{r['tp']}x{r['pp']}x{r['dp']}" for r in rows if not r.get("bytes_match")]
+    lines.append("  bytes: each layout's bytes per step in its tp, pp and dp groups, counted by lesson 07's")
+    lines.append("  counters and by the planner (Estimate.bytes_sent, one node): "
+                 + ("equal on every layout (=)" if not diff else "DIFFERENT on " + ", ".join(diff)))
     rho = result["spearman"]
     rho = "-" if rho is None else f"{rho:.3f}"
     two = result["best_predicted_two"]

@@ -122,3 +122,26 @@ def test_lesson07_step_is_timed_under_the_link_model(comm):
     want_intra = size > 2
     assert m >= 1 and total[1] > 0 and (total[0] > 0) == want_intra, \
         f"messages charged (intra, inter) over all ranks: {total}"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_lesson_12_measure_counts_the_planners_bytes_on_each_layout():
+    """plan.measure's byte column: lesson 07 at each layout (2 ranks: all; 4: those with two
+    groups larger than one), its counters against Estimate.bytes_sent for the rank the
+    planner speaks for, group by group, exactly."""
+    from mpi4py import MPI
+    from minidist.plan import measure
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    chosen = [f for f in measure.factorisations(size) if size == 2 or sorted(f)[1] > 1]
+    cluster = measure.one_node(measure.cpu_cluster(1e9, 1e9, links.Links(1, size, (0.0, 1e9)), 0.0, 4,
+                                                   size, 1.0))
+    for tp, pp, dp in chosen:
+        if measure.layout_problem(tp, pp, dp, measure.SHAPE, size):
+            continue
+        sent = {}
+        _, m = measure.time_layout(comm, tp, pp, dp, measure.SHAPE, 1, 0, sent=sent)
+        planned, counted = measure.bytes_row(measure.predict(cluster, tp, pp, dp, m, measure.SHAPE, "fp32"),
+                                             sent)
+        assert planned == counted, (tp, pp, dp, planned, counted)
+        assert sum(counted.values()) > 0
