@@ -157,8 +157,8 @@ def why_tp_8(model, cluster):
     a_in, bw_in = cluster.link(8)
     a_x, bw_x = cluster.link(16)
     say(f"3. Why TP stays at 8: its all-reduces of b s h, 4 per layer and micro-batch, run on the link "
-        f"the\n   group spans: NVLink {bw_in / GB:.0f} GB/s per GPU inside a node, the network "
-        f"{bw_x / GB:.0f} GB/s across two")
+        f"the\n   group spans: NVLink {bw_in / GB:.0f} GB/s per GPU inside a node, the network's "
+        f"{bw_x / GB:.0f} GB/s per GPU\n   when the group spans two nodes (TP 16)")
     harness.table(layout_rows(in_node + across), HEADER, indent="   ")
     e8, e16 = in_node[0], across[0]
     say(f"   On the same GPUs, TP 16 leaves each GPU the same FLOPs (dp halves), but its collectives "
