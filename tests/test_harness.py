@@ -130,3 +130,18 @@ def test_lesson_00_refuses_a_json_path_it_cannot_write_before_training(tmp_path,
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count(f"--json {path}:") == 1 and "Traceback" not in proc.stderr
     assert proc.stdout == "", "the check must come before the run, not after it"
+
+
+@pytest.mark.parametrize("batch, world, accum, fixed", [(16, 3, 1, 18), (10, 4, 1, 12), (8, 3, 2, 12),
+                                                        (2, 4, 1, 4)])
+def test_a_batch_that_does_not_split_gets_the_next_one_that_does(monkeypatch, batch, world, accum, fixed):
+    """common.batch_rows' refusal ends with a command that works: the next batch size that
+    splits over the ranks and the accumulation steps, every other flag kept."""
+    from types import SimpleNamespace
+    from minidist.lessons import common
+    monkeypatch.setattr(sys, "argv", ["lesson.py", "--steps", "2", "--batch-size", str(batch)])
+    with pytest.raises(harness.InputError) as err:
+        common.batch_rows(SimpleNamespace(batch_size=batch, grad_accum=accum), 0, world)
+    said = str(err.value)
+    assert f"this works: mpirun -n {world} python -m " in said, said
+    assert said.endswith(f" --steps 2 --batch-size {fixed}"), said

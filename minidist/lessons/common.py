@@ -70,7 +70,10 @@ def batch_rows(args, rank, world):
     try:
         return shard_slice(args.batch_size, rank, world, args.grad_accum)
     except ValueError as e:
-        raise InputError(f"--batch-size {args.batch_size} with {world} ranks and --grad-accum {args.grad_accum}: {e}")
+        unit = world * args.grad_accum                     # the next batch that splits
+        works = command_with(world, {"--batch-size": -(-args.batch_size // unit) * unit})
+        raise InputError(f"--batch-size {args.batch_size} with {world} ranks and --grad-accum "
+                         f"{args.grad_accum}: {e}; this works: {works}")
 
 
 def activation_bytes(cfg, batch):
