@@ -80,9 +80,9 @@ def model_states():
     harness.table(rows, ["70e9 parameters", "ZeRO paper", "(fp16)", "Megatron-LM", "(bf16)"])
     w32, per32 = memory.ACCOUNTING["fp32"][0], sum(memory.ACCOUNTING["fp32"])
     say(f"  The seed's ~{gb(SEED_ROUGH)} is {SEED_ROUGH / zero['weights']:g} x the {gb(zero['weights'])} of "
-        f"16-bit weights: {per32 / w32:g} is fp32 training's ratio ({per32} B\n  over {w32}-byte weights); "
-        f"over 2-byte weights the same 16 B are {total / zero['weights']:g} x: {total / SEED_ROUGH:g} x "
-        "the seed's figure.")
+        f"16-bit weights\n  (its \"4x the model size\"). 16 B per parameter are {per32 / w32:g} x the weights "
+        f"only when they are {w32}-byte\n  fp32 ones; over 2-byte weights they are "
+        f"{total / zero['weights']:g} x: {total / SEED_ROUGH:g} x the seed's figure.")
     real, k = cost.Model(**LLAMA2_70B), LLAMA2_70B
     say(f"  A real 70B shape, Llama 2 70B (L {k['layers']}, h {k['hidden']}, {k['kv_heads']} KV heads, SwiGLU "
         f"{k['ffn_hidden']}, V {k['vocab']}), counted\n  from its shape: {real.params():,} parameters, "
