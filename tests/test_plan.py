@@ -9,7 +9,8 @@ from minidist.plan import flops
 from minidist.plan.__main__ import main
 from minidist.plan.cluster import GPUS, make_cluster
 from minidist.plan.collectives import ring_all_reduce_time
-from minidist.plan.cost import Layout, Model, estimate, legal, model_from_params, stage_layers
+from minidist.plan.cost import estimate
+from minidist.plan.layout import Layout, Model, legal, model_from_params, stage_layers
 from minidist.plan.memory import activation_layer_bytes, model_state_bytes
 from minidist.plan.pipeline import in_flight
 from minidist.plan.published import ROWS, compare

@@ -30,7 +30,7 @@ from minidist.lessons.harness import say
 from minidist.parallel import schedules
 from minidist.plan import choose as choosing
 from minidist.plan import cluster as clusters
-from minidist.plan import collectives, cost, memory, pipeline, published, search, traffic
+from minidist.plan import collectives, cost, layout, memory, pipeline, published, search, traffic
 
 GB = 1e9                          # the papers' GB
 SEED_PSI = 70e9                   # the seed's "70B-parameter model"
@@ -83,7 +83,7 @@ def model_states():
         f"16-bit weights\n  (its \"4x the model size\"). 16 B per parameter are {per32 / w32:g} x the weights "
         f"only when they are {w32}-byte\n  fp32 ones; over 2-byte weights they are "
         f"{total / zero['weights']:g} x: {total / SEED_ROUGH:g} x the seed's figure.")
-    real, k = cost.Model(**LLAMA2_70B), LLAMA2_70B
+    real, k = layout.Model(**LLAMA2_70B), LLAMA2_70B
     say(f"  A real 70B shape, Llama 2 70B (L {k['layers']}, h {k['hidden']}, {k['kv_heads']} KV heads, SwiGLU "
         f"{k['ffn_hidden']}, V {k['vocab']}), counted\n  from its shape: {real.params():,} parameters, "
         f"{gb(sum(memory.model_state_bytes(real.params(), 1, 0, 'zero').values()))} of states.")
@@ -137,7 +137,7 @@ def best_layouts(model, cluster, ests):
         f"16-bit, {gb(g.memory_bytes)}, matrix\n   products at {g.matmul_efficiency:.0%} of the peak "
         "(one constant per GPU type, fitted to that type's published\n   rows in section 6, "
         "plan.cluster: a whole step's matrix products, not a GEMM benchmark)")
-    say(f"   model (plan.cost.model_from_params): L {model.layers}, h {model.hidden}, {model.heads} heads, "
+    say(f"   model (plan.layout.model_from_params): L {model.layers}, h {model.hidden}, {model.heads} heads, "
         f"V {model.vocab}, s {model.seq},\n   {model.params():,} parameters; global batch "
         f"{model.global_batch} sequences ({model.global_batch * model.seq:,} tokens)")
     say(f"   {len(ests):,} legal layouts estimated (plan.search); fits: at most {cost.USABLE_MEMORY:.0%} "
@@ -188,7 +188,7 @@ def costs(model, cluster, est, seed):
     say(f"   bubble ({name}, plan.pipeline.bubble_fraction): (p-1)/(v m + p-1) = {frac} of compute\n"
         f"   + bubble, {est.bubble_s:.2f} s ({est.bubble_s / est.step_time_s:.1%} of the whole step); "
         f"the schedule simulated in\n   logical time idles {sim.bubble}: {'the same' if ok_bubble else 'DIFFERENT'}")
-    layers = cost.stage_layers(model.layers, p)[0]
+    layers = layout.stage_layers(model.layers, p)[0]
     per_layer = memory.activation_layer_bytes(model.seq, b, model.hidden, model.heads, t, lay.sequence_parallel,
                                               lay.recompute)
     say(f"   first stage: {flight} micro-batches in flight (plan.pipeline.in_flight; the simulation's "
@@ -313,7 +313,7 @@ def plan_story(args):
     figures, checks = {}, {}
     figures["model_states"] = model_states()
     checks["zero_paper"], figures["zero_paper"] = zero_paper()
-    model = cost.model_from_params(args.params)
+    model = layout.model_from_params(args.params)
     try:
         cluster = clusters.make_cluster(args.gpu, args.gpus)
     except ValueError as e:

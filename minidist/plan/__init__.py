@@ -9,6 +9,7 @@ Layers of this package (each imports only those above it):
   traffic      bytes per rank per step of every strategy (DP, TP/SP, PP, ZeRO/FSDP, MoE)
   step_bytes   those bytes for one GPU of a planned layout, by group (what cost times)
   cluster      GPUs and links from their datasheets
+  layout       the model's shape, a layout of it, and the rules a layout must keep
   cost         one layout on one cluster: memory, FLOPs, communication, step time, MFU
   search       every legal layout, best first; `python -m minidist.plan`
   choose       the fastest layout under a memory cap (exercise 12.4)

@@ -21,8 +21,8 @@ import sys
 
 from minidist.memory import parameter_count
 from minidist.plan.cluster import GPUS, make_cluster
-from minidist.plan.cost import (RECOMPUTE, Layout, Model, describe, estimate, legal, model_from_params,
-                                stage_layers)
+from minidist.plan.cost import describe, estimate
+from minidist.plan.layout import RECOMPUTE, Layout, Model, legal, model_from_params, stage_layers
 from minidist.plan.search import search
 
 GB = 1e9

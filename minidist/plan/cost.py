@@ -54,124 +54,13 @@ from dataclasses import dataclass, field
 
 from minidist.plan import flops as F
 from minidist.plan import step_bytes as SB
+from minidist.plan.layout import Layout, Model, legal, stage_layers
 from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, korthikanti_layer_bytes, model_state_bytes
 from minidist.plan.pipeline import bubble_fraction, in_flight
 
 ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
 LOGIT_BYTES = 6            # a logit in 16 bits plus its fp32 copy for the loss (this project's count)
 USABLE_MEMORY = 0.9        # fits: at most 90% of HBM (CUDA context, NCCL buffers, fragmentation)
-RECOMPUTE = F.RECOMPUTE
-
-
-@dataclass(frozen=True)
-class Model:
-    """A decoder-only transformer. global_batch in sequences. Defaults are GPT's: a 4h GELU
-    MLP with biases, as many key/value heads as heads, learned positions, a tied head;
-    swiglu=True is Llama's: three MLP matrices, no biases, RMSNorm, RoPE, an untied head."""
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq: int
-    global_batch: int
-    ffn_hidden: int = None
-    kv_heads: int = None
-    swiglu: bool = False
-
-    @property
-    def ffn(self):
-        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
-
-    @property
-    def kv(self):
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    def layer_params(self):
-        """Parameters of one layer: Q, K, V, output and the MLP's matrices, plus (GPT) their
-        biases and two layer norms, 13h for GPT's shapes, or (Llama) two RMSNorm weights."""
-        h, f = self.hidden, self.ffn
-        h_kv = self.kv * (h // self.heads)
-        matrices = h * (2 * h + 2 * h_kv) + (3 if self.swiglu else 2) * h * f
-        small = 2 * h if self.swiglu else (h + 2 * h_kv) + h + f + h + 4 * h
-        return matrices + small
-
-    def params(self):
-        """All parameters. GPT: L(12h^2 + 13h) + Vh + sh + 2h, Narayanan et al.'s
-        12lh^2(1 + 13/12h + (V+s)/12lh) plus the final layer norm; Llama: an untied head Vh
-        in place of the position table."""
-        h, V = self.hidden, self.vocab
-        ends = 2 * V * h + h if self.swiglu else V * h + self.seq * h + 2 * h
-        return self.layers * self.layer_params() + ends
-
-
-def model_from_params(psi, seq=4096, global_batch=1024, vocab=51200):
-    """A GPT shape of about psi parameters, this project's shape family: heads of 128, the
-    hidden size h the multiple of 1024 nearest (100 psi / 12)^(1/3) (GPT-3's 175B has
-    h/L = 128, Llama 2's 70B about 100), then the layers, a multiple of 8, that bring
-    12 L h^2 nearest psi. model_from_params(70e9) is h 8192, 64 heads, 88 layers (71.5B)."""
-    h = max(1024, 1024 * round((100 * psi / 12) ** (1 / 3) / 1024))
-    per_layer = Model(1, h, h // 128, vocab, seq, global_batch).layer_params()
-    rest = vocab * h + seq * h
-    layers = max(8, 8 * round((psi - rest) / per_layer / 8))
-    return Model(layers, h, h // 128, vocab, seq, global_batch)
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    chunks: int = 1                   # interleaved 1F1B with v chunks per rank; 1: plain 1F1B
-    zero: int = 0                     # ZeRO stage over the dp group (1: Megatron's distributed optimizer)
-    sequence_parallel: bool = False
-    recompute: str = "none"           # none, selective, full
-    precision: str = "megatron"       # a name of plan.memory.ACCOUNTING
-    flash_attention: bool = False     # no s x s scores in memory (Dao et al. 2022)
-    bucket_bytes: int = None          # DP/ZeRO-2 gradient buckets: None one flat buffer, 0 one per
-                                      # parameter, n buckets of >= n bytes (plan.step_bytes)
-
-
-def stage_layers(L, p):
-    """Layers per pipeline stage: L/p each; or, Llama 3's layout (Grattafiori et al. 2024,
-    section 3.3.2), one fewer on the first and last stage when p divides L + 2; else None."""
-    if L % p == 0:
-        return [L // p] * p
-    if p > 2 and (L + 2) % p == 0:
-        k = (L + 2) // p
-        return [k - 1] + [k] * (p - 2) + [k - 1]
-    return None
-
-
-def legal(model, cluster, layout):
-    """None when the layout can run this model on this cluster, else a one-line reason."""
-    t, p, d, b, v = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.chunks
-    if min(t, p, d, b, v) < 1:
-        return "tp, pp, dp, micro-batch and chunks must be at least 1"
-    if t * p * d != cluster.gpus:
-        return f"tp x pp x dp = {t} x {p} x {d} = {t * p * d}, not the {cluster.gpus} GPUs"
-    if model.heads % t or model.kv % t:
-        return f"tp {t} does not divide the {model.heads} heads ({model.kv} key/value heads)"
-    layers = stage_layers(model.layers, p)
-    if layers is None:
-        return (f"pp {p} does not divide the {model.layers} layers (nor {model.layers + 2}, Llama 3's "
-                "layout with one layer fewer on each end stage)")
-    if model.global_batch % (d * b):
-        return f"dp x micro-batch = {d} x {b} does not divide the global batch {model.global_batch}"
-    m = model.global_batch // (d * b)
-    if v > 1 and (p == 1 or max(layers) % v or m % p):
-        return f"{v} chunks need pp > 1, chunks dividing each stage's layers, micro-batches a multiple of pp"
-    if layout.zero not in (0, 1, 2, 3):
-        return f"ZeRO stage must be 0-3, not {layout.zero}"
-    if layout.recompute not in RECOMPUTE:
-        return f"recompute must be one of {', '.join(RECOMPUTE)}"
-    if layout.precision not in ACCOUNTING:
-        return f"precision must be one of {', '.join(ACCOUNTING)}"
-    if layout.sequence_parallel and t == 1:
-        return "sequence parallelism needs tp > 1"
-    if layout.bucket_bytes is not None and layout.bucket_bytes < 0:
-        return f"bucket bytes must be None (one buffer), 0 (per parameter) or more, not {layout.bucket_bytes}"
-    return None
 
 
 @dataclass

@@ -253,7 +253,8 @@ def predict(cluster, tp, pp, dp, m, shape=SHAPE, precision="zero"):
     """cost.estimate of lesson 07's run at tp x pp x dp, m micro-batches, ZeRO-1 over dp.
     precision "zero" times it (16-bit values, bandwidths scaled to match: cpu_cluster);
     "fp32" counts the bytes this float32 run sends (Estimate.bytes_sent)."""
-    from minidist.plan.cost import Layout, Model, estimate
+    from minidist.plan.cost import estimate
+    from minidist.plan.layout import Layout, Model
     model = Model(shape["n_layer"], shape["n_embd"], shape["n_head"], 256, shape["block_size"],
                   shape["batch_size"])
     layout = Layout(tp, pp, dp, shape["batch_size"] // (dp * m), zero=1, precision=precision)

@@ -26,7 +26,8 @@ figure enters its prediction (leave-one-out cross-validation).
 from dataclasses import dataclass
 
 from minidist.plan.cluster import GPUS, make_cluster, with_efficiency
-from minidist.plan.cost import Layout, Model, estimate
+from minidist.plan.cost import estimate
+from minidist.plan.layout import Layout, Model
 
 A100, H100 = "a100-80gb", "h100-sxm"
 K_SRC = "Korthikanti et al. 2022, Table 5"

@@ -6,12 +6,13 @@ The space (Narayanan et al. 2021, section 3's takeaways, as rules): tp divides t
 and the key/value heads and stays inside a node (unless given); pp divides the layers;
 dp = GPUs / (tp pp) divides the global batch with the micro-batch; ZeRO stages 0-3
 (only 0 when dp = 1); sequence parallelism when tp > 1; recomputation none, selective or
-full; interleaving with 1, 2, 4 or 8 chunks where legal (cost.legal). Any of these can
+full; interleaving with 1, 2, 4 or 8 chunks where legal (layout.legal). Any of these can
 be fixed. Order: layouts that fit first, then by step time.
 """
 from itertools import product
 
-from minidist.plan.cost import RECOMPUTE, Layout, estimate, legal
+from minidist.plan.cost import estimate
+from minidist.plan.layout import RECOMPUTE, Layout, legal
 
 MICRO_BATCHES = (1, 2, 4, 8)
 CHUNKS = (1, 2, 4, 8)

@@ -140,7 +140,7 @@ def _zero_rows(stage, groups, d, rank, m, g_item, w_item):
 
 def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_gather=False):
     """{"tp", "pp", "dp"}: {collective: (calls, bytes)} that GPU (pp_rank, tp_rank, dp_rank)
-    sends in one step; layers: its stage's layers (cost.stage_layers); scatter_gather:
+    sends in one step; layers: its stage's layers (layout.stage_layers); scatter_gather:
     its pipeline neighbours are in another node (module docstring)."""
     t, p, d, b, v = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.chunks
     s, h = model.seq, model.hidden

@@ -36,7 +36,8 @@ from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
 from minidist.parallel.zero import ZeRO
 from minidist.plan import step_bytes
 from minidist.plan.cluster import make_cluster
-from minidist.plan.cost import Layout, Model, estimate, stage_layers
+from minidist.plan.cost import estimate
+from minidist.plan.layout import Layout, Model, stage_layers
 from minidist.plan.memory import model_state_bytes
 from minidist.train import micro_batches, train_step
 
