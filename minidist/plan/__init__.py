@@ -14,6 +14,7 @@ Layers of this package (each imports only those above it):
   search       every legal layout, best first; `python -m minidist.plan`
   choose       the fastest layout under a memory cap (exercise 12.4)
   published    published runs and the planner's predictions of them (lesson 12)
+  cpu_cluster  this machine's FLOP/s, memory bandwidth and message cost as a planner Cluster
   measure      lesson 07's layouts timed under the link model (minidist/comm/links.py)
                beside the planner's predictions for them (lesson 12 --measure)
 """
