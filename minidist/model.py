@@ -6,6 +6,14 @@ Classes in dependency order: CausalSelfAttention, MLP, Block, GPTConfig, GPT. Ev
 Linear computes x @ W + b with W of shape (in, out), the transpose of PyTorch's weight.
 The output head is tied to the token embedding: logits = x @ wte.T.
 
+The attention core is pluggable: GPTConfig(attention="plain") runs fused.CausalAttention,
+which keeps the (T, T) probabilities for backward; attention="blockwise" installs
+`attention.BlockwiseCore(attn_block)` as each layer's `attn.core`, the memory-efficient
+attention that keeps none (minidist/attention.py). A core is any callable
+core(q, k, v, dropout_p, rng, head0) -> y (B, nh, T, hs); context parallelism swaps in
+its own. Selective recomputation checkpoints only the plain core: a blockwise core has
+nothing of size T^2 to drop.
+
 Generation keeps a key/value cache (`KVCache`, `generate_greedy`): a causal model's keys
 and values of past positions never change, so each new token feeds only itself through
 the model and attends to the cached ones, one position's compute per token instead of
@@ -18,6 +26,7 @@ from dataclasses import dataclass
 import numpy
 
 from minidist import ops, recompute
+from minidist.attention import BlockwiseCore
 from minidist.backend import dtype_of, to_numpy, xp
 from minidist.moe import MoEMLP
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
@@ -123,6 +132,9 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
         self.recompute_core = False                                    # selective recomputation
+        # the attention core: None runs the plain one (fused.CausalAttention, through
+        # recompute.attention_core); else core(q, k, v, dropout_p, rng, head0) -> y
+        self.core = BlockwiseCore(config.attn_block) if config.attention == "blockwise" else None
 
     def forward(self, x, rng=None, cache=None):
         B, T, C = x.shape
@@ -133,6 +145,8 @@ class CausalSelfAttention(Module):
         v = v.reshape(B, T, nh, hs).transpose(1, 2)                    # (B, nh, T, hs)
         if cache is not None:                                          # generation: attend to the past too
             y = Tensor(cache.attend(q.data, k.data, v.data))           # (B, nh, T, hs)
+        elif self.core is not None:   # saves q, k, v, o, lse: selective recomputation leaves it be
+            y = self.core(q, k, v, self.dropout if self.training else 0.0, rng, 0)   # (B, nh, T, hs)
         else:
             p = self.dropout if self.training else 0.0
             y = recompute.attention_core(q, k, v, p, rng, self.recompute_core)   # (B, nh, T, hs)
@@ -163,6 +177,9 @@ class Block(Module):
         return x
 
 
+ATTENTIONS = ("plain", "blockwise")
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 128
@@ -173,6 +190,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     dtype: str = "float32"
+    # attention core: "plain" (fused.CausalAttention, keeps the (T, T) probabilities) or
+    # "blockwise" (minidist/attention.py: tiles of attn_block queries x keys, keeps none)
+    attention: str = "plain"
+    attn_block: int = 64
     # mixture of experts (minidist/moe.py); n_expert = 0 is the dense model, unchanged
     n_expert: int = 0                    # experts per MoE layer
     top_k: int = 2                       # experts per token: 1 (Switch) or 2 (GShard)
@@ -198,6 +219,15 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
         dtype_of(self.dtype)          # raises ValueError for an unknown dtype
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {self.attention!r}")
+        try:
+            whole = not isinstance(self.attn_block, bool) and int(self.attn_block) == self.attn_block
+        except (TypeError, ValueError):
+            whole = False
+        if not whole or self.attn_block < 1:
+            raise ValueError(f"attn_block (the tile of blockwise attention) must be a whole number "
+                             f"of positions, at least 1, not {self.attn_block!r}")
         if int(self.n_expert) < 0:
             raise ValueError(f"n_expert must be 0 (dense) or more, not {self.n_expert}")
         if self.top_k not in (1, 2) or (self.n_expert > 0 and self.top_k > self.n_expert):

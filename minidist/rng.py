@@ -9,7 +9,16 @@ sample's index in the global batch wherever it is computed.
 
     from minidist.rng import DropoutRNG
     rng = DropoutRNG(seed=0, step=3, sample_ids=[4, 5])   # this rank holds samples 4, 5
+
+Blockwise attention never holds a whole (B, nh, T, T) mask, and context parallelism
+splits its rows and columns over ranks, so its dropout is a pure function of each
+element's names instead (`position_keep_mask`): a counter-based hash of (seed, step,
+sample id, call k, head, query position, key position), the same mask whatever tile or
+rank computes it. minidist/attention.py's AttentionDropout takes one call k from the
+forward's DropoutRNG, as the plain attention's single mask call does.
 """
+import math
+
 import numpy
 
 from minidist.backend import xp
@@ -36,3 +45,65 @@ class DropoutRNG:
             keep = g.random(shape[1:], dtype=numpy.float32) >= p   # float32 draws: same mask in any dtype
             numpy.multiply(keep, 1.0 / (1.0 - p), out=out[row], casting="unsafe")
         return xp.asarray(out)
+
+# ----------------------------------------------------------------------------- masks from positions
+
+# SplitMix64 (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators",
+# OOPSLA; the finalizer as in Vigna's splitmix64.c): the golden-ratio increment and the mix.
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK64 = 2**64 - 1
+
+
+def _uint64(values):
+    """Integers (negative ones too, as two's complement) as a uint64 array."""
+    return xp.asarray(values, dtype=xp.int64).astype(xp.uint64)
+
+
+def _mix64(z):
+    """SplitMix64's finalizer on a uint64 array, in place (uint64 arithmetic wraps mod 2^64)."""
+    z ^= z >> xp.uint64(30)
+    z *= xp.uint64(_MIX1)
+    z ^= z >> xp.uint64(27)
+    z *= xp.uint64(_MIX2)
+    z ^= z >> xp.uint64(31)
+    return z
+
+
+def _fold(h, values):
+    """h (uint64 array) combined with values (ints, broadcast): mix(h + (values + 1) gamma)."""
+    z = (xp.asarray(values, dtype=xp.uint64) + xp.uint64(1)) * xp.uint64(_GAMMA)
+    return _mix64(h + z)
+
+
+def position_keep_mask(seed, step, sample_ids, k, heads, q_pos, k_pos, p, dtype):
+    """The scaled dropout mask, 0 or 1/(1-p), of attention elements named by position.
+
+    Returns (len(sample_ids), len(heads), len(q_pos), len(k_pos)). Element (b, h, i, j)
+    keeps iff u >= p, u the top 24 bits of a counter-based hash of (seed, step,
+    sample_ids[b], k, heads[h], q_pos[i], k_pos[j]) over 2^24: a pure function of the
+    element's global names, so any tiling of the (query, key) grid, any split of the
+    sequence or of the heads over ranks, draws the same mask (Salmon et al. 2011's
+    counter-based generators, "Parallel random numbers: as easy as 1, 2, 3", make the
+    same trade). The hash: SplitMix64 folded over the names one at a time, each
+    h <- mix(h + (name + 1) gamma); the last fold, over the key position, is the only
+    one done per element, and it is SplitMix64's own stream (state h, counter k_pos + 1).
+    u is a multiple of 2^-24, exact in float32 and float64: the mask does not depend on
+    dtype. Cost: about ten uint64 operations per element.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), not {p}")
+    h = _mix64(xp.asarray([int(seed) & _MASK64], dtype=xp.uint64))
+    for name in (step, k):
+        h = _fold(h, [int(name) & _MASK64])
+    h = _fold(h, _uint64([int(s) for s in sample_ids]))                          # (B,)
+    h = _fold(h[:, None], _uint64(heads)[None, :])                               # (B, H)
+    h = _fold(h[:, :, None], _uint64(q_pos))                                     # (B, H, Tq)
+    z = _fold(h[..., None], _uint64(k_pos))                                      # (B, H, Tq, Tk)
+    # keep iff (z >> 40) / 2^24 >= p, i.e. iff z >= ceil(p 2^24) 2^40 (p 2^24 is exact)
+    c = int(math.ceil(p * 2**24))
+    if c >= 2**24:                                       # p within 2^-24 of 1: nothing kept
+        return xp.zeros(z.shape, dtype=dtype)
+    out = (z >= xp.uint64(c << 40)).astype(dtype)
+    out *= 1.0 / (1.0 - p)
+    return out

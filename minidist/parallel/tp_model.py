@@ -139,6 +139,7 @@ class ParallelAttention(Module):
         self.n_head, self.dropout = full.n_head, full.dropout
         self.t, self.rank = comm.Get_size(), comm.Get_rank()
         self.recompute_core = False                                    # selective recomputation
+        self.core = getattr(full, "core", None)                        # the GPT's attention core
 
     def forward(self, x, rng, seq=None, cache=None):
         sp = seq is not None                                           # seq: (T, lo, hi) under SP
@@ -153,9 +154,12 @@ class ParallelAttention(Module):
             y = Tensor(cache.attend(q.data, k.data, v.data))           # (B, nh/t, T, hs)
             return self.c_proj(y.transpose(1, 2).reshape(B, T, c))     # (B, T, C), summed by g
         p = self.dropout if self.training else 0.0
-        heads = slice(self.rank * nh, (self.rank + 1) * nh)
-        att_rng = SlicedRNG(rng, (B, self.n_head, T, T), (slice(None), heads)) if p > 0 else None
-        y = recompute.attention_core(q, k, v, p, att_rng, self.recompute_core)   # (B, nh/t, T, hs)
+        if self.core is not None:      # my heads start at rank * nh: the raw rng (masks by position)
+            y = self.core(q, k, v, p, rng, self.rank * nh)             # (B, nh/t, T, hs)
+        else:
+            heads = slice(self.rank * nh, (self.rank + 1) * nh)
+            att_rng = SlicedRNG(rng, (B, self.n_head, T, T), (slice(None), heads)) if p > 0 else None
+            y = recompute.attention_core(q, k, v, p, att_rng, self.recompute_core)   # (B, nh/t, T, hs)
         y = y.transpose(1, 2).reshape(B, T, c)                         # (B, T, C/t)
         return sequence_dropout(self.c_proj(y, sp), p, rng, seq)       # (B, T or T_r, C)
 

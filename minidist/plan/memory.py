@@ -70,6 +70,9 @@ def engine_state_bytes(stage, psi, n_d, itemsize, k_bytes=None):
 
 # ------------------------------------------------------------------------ activations, the paper
 
+ATTENTIONS = ("plain", "blockwise")   # the attention cores (model.GPTConfig.attention)
+
+
 
 def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):
     """Korthikanti et al. 2022 (arXiv 2205.05198), activation bytes per layer per rank with
@@ -85,18 +88,27 @@ def korthikanti_layer_bytes(s, b, h, a, t=1, sequence_parallel=False):
     return 10 * sbh + 24 * sbh / t + 5 * as2b / t
 
 
-def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none"):
+def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none",
+                           attention="plain"):
     """Bytes of activations one layer keeps for backward, per tensor-parallel rank:
     korthikanti_layer_bytes for "none"; "selective" recomputes the attention scores and
     drops their 5as^2b/t; "full" keeps each layer's input, 2sbh (divided by t under
-    sequence parallelism) (Korthikanti et al. 2022, section 5 and Table 2)."""
+    sequence parallelism) (Korthikanti et al. 2022, section 5 and Table 2).
+
+    attention="blockwise" (FlashAttention, Dao et al. 2022): the 5as^2b/t are never kept,
+    and the row log-sum-exp adds 4asb/t (fp32); its output is the projection's input,
+    already in the 34sbh. Selective recomputation then has nothing left to drop."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
     if recompute == "full":
         return 2 * s * b * h / (t if sequence_parallel else 1)
     full = korthikanti_layer_bytes(s, b, h, a, t, sequence_parallel)
+    if recompute not in ("none", "selective"):
+        raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
+    if attention == "blockwise":
+        return full - 5 * a * s * s * b / t + 4 * a * s * b / t
     if recompute == "selective":
         return full - 5 * a * s * s * b / t
-    if recompute != "none":
-        raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
     return full
 
 
@@ -109,9 +121,12 @@ QKV = "attention: q/sqrt(hs), k, v (3 x b*s*h/t)"
 PROBS = "attention: probabilities (a*s^2*b/t)"
 MASKS = "dropout masks after attention and MLP (2 x b*s*h)"
 ATT_MASK = "attention dropout mask (a*s^2*b/t)"
+ATT_QKV = "blockwise attention: q, k, v (3 x b*s*h/t)"
+ATT_OUT = "blockwise attention: output o (b*s*h/t)"
+ATT_LSE = "blockwise attention: log-sum-exp per row (a*s*b/t)"
 
 
-def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
+def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True, attention="plain"):
     """[(part, what, elements)]: the arrays one transformer layer saves for backward on one
     rank, in the order its forward saves them (fused.py, ops.py). part: "before", "core"
     or "after" the attention core (what selective recomputation reruns); what: the
@@ -124,7 +139,14 @@ def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
     variant (sp_keep_gathered), whose column layers save the whole gathered input.
     Weights a node saves are parameters, not activations, and are not counted
     (minidist/context.py).
+
+    attention="blockwise" (minidist/attention.py) keeps q, k, v, its output o and the
+    row log-sum-exp in place of the probabilities and the dropout mask (regenerated from
+    positions): the core's a*s^2*b/t (2 a*s^2*b/t with dropout; Korthikanti et al.'s 5as^2b
+    in their 16-bit, 1-byte-mask units) become b*s*h/t + a*s*b/t.
     """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {attention!r}")
     res = s if s_r is None else s_r                     # tokens of the residual stream here
     col = s_r if (s_r is not None and regather) else s  # tokens c_attn and c_fc keep
     d = bool(dropout)
@@ -139,21 +161,27 @@ def engine_layer_saves(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
              ("after", "GELU: input (4 b*s*h/t)", 4 * b * s * h // t),
              ("after", "mlp.c_proj: input (4 b*s*h/t)", 4 * b * s * h // t),
              ("after", MASKS, d * b * res * h)]                                  # mlp dropout
+    if attention == "blockwise":
+        at = next(i for i, x in enumerate(saves) if x[1] == QKV)
+        saves[at:at + 3] = [("core", ATT_QKV, 3 * b * s * h // t),
+                            ("core", ATT_OUT, b * s * h // t), ("core", ATT_LSE, a * s * b // t)]
     return [x for x in saves if dropout or x[1] not in (MASKS, ATT_MASK)]
 
 
-def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=True):
+def engine_layer_elements(b, s, h, a, t=1, s_r=None, dropout=True, regather=True,
+                          attention="plain"):
     """Elements one transformer layer saves for backward on one rank, {what: elements},
     engine_layer_saves added up line by line. With s_r = s/t and regather, every line is
-    1/t of one process's (t = 1): Korthikanti et al.'s identity, 34sbh/t + 5as^2b/t."""
+    1/t of one process's (t = 1): Korthikanti et al.'s identity, 34sbh/t + 5as^2b/t.
+    attention: "plain" or "blockwise" (engine_layer_saves)."""
     out = {}
-    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout, regather):
+    for _, what, n in engine_layer_saves(b, s, h, a, t, s_r, dropout, regather, attention):
         out[what] = out.get(what, 0) + n
     return out
 
 
 def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=True, k=None,
-                            regather=True):
+                            regather=True, attention="plain"):
     """The meter's peak over the forward and backward of n_layer blocks under a
     recomputation policy (minidist/recompute.py), in elements, as this engine saves them.
 
@@ -167,9 +195,13 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
     - selective: each layer keeps q, k, v in place of the core's arrays (q/sqrt(hs),
       k, v, probabilities, mask); the last layer's rerun adds the core again beside its
       checkpoint's q, k, v (the meter counts an array once per node that saves it).
+      With attention="blockwise" the core keeps nothing of size s^2 and is not
+      checkpointed: selective is none.
     """
     from minidist.recompute import segments        # the same cut the policy makes
-    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout, regather)
+    saves = engine_layer_saves(b, s, h, a, t, s_r, dropout, regather, attention)
+    if policy == "selective" and attention == "blockwise":
+        policy = "none"
     A = sum(n for _, _, n in saves)
     x = b * (s if s_r is None else s_r) * h
     L = n_layer
