@@ -1,6 +1,8 @@
 """The planner (minidist/plan/cluster.py, cost.py, search.py, published.py, __main__.py): the
 legal-layout rules, bad input (one line, exit 2), the 70B search, the CLI's JSON, the
-fixed Llama 3 layout, and the published comparison recomputed from the model's parts."""
+fixed Llama 3 layout, and the published comparison recomputed from the model's parts;
+context parallelism (--cp): its bytes from plan.context, memory and compute per GPU
+falling with cp, the gradients' dp x cp group, and Llama 3's 128K row."""
 import json
 
 import pytest
@@ -114,6 +116,12 @@ def test_dp_reduce_overlaps_only_the_last_backward():
      "does not divide the 80 layers"),
     (["--params", "70e9", "--gpus", "8", "--gpu", "a100-80gb"], "fits no layout"),
     (["--gpus", "8"], "give --params or a shape"),
+    (["--params", "70e9", "--gpus", "1024", "--cp", "3"], "2 x cp = 6 equal chunks"),
+    (["--params", "70e9", "--gpus", "1024", "--cp", "0"], "positive whole number"),
+    (["--params", "70e9", "--gpus", "1024", "--cp", "2", "--cp-variant", "zigzag"], "invalid choice"),
+    (["--params", "70e9", "--gpus", "1024", "--tp", "8", "--pp", "8", "--cp", "64"],
+     "tp x pp x cp = 4096 does not divide the 1024 GPUs"),
+    (LLAMA + ["--cp", "8", "--cp-variant", "ulysses"], "Ulysses cp 8 does not divide"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     with pytest.raises(SystemExit) as err:
@@ -165,7 +173,7 @@ def test_published_rows_present_and_errors_come_from_predictions():
     assert sum(s == "Korthikanti" for s, _ in labels) == 8
     for size in ("1.7B", "18.4B", "145.6B", "1T"):
         assert any(s == "Narayanan e" and lab.startswith(size + " ") for s, lab in labels), size
-    assert sum(s.startswith("Llama 3") for s, _ in labels) == 2
+    assert sum(s.startswith("Llama 3") for s, _ in labels) == 3
     for r in result["rows"]:
         assert r["rel_error"] == r["predicted"] / r["published"] - 1
     errs = [abs(r["rel_error"]) for r in result["rows"]]
@@ -205,3 +213,94 @@ def test_published_table_fits_100_columns():
     from minidist.plan.published import table
     lines = table(compare())
     assert len(lines) == len(ROWS) + 2 and max(map(len, lines)) <= 100
+
+
+# ----------------------------------------------------------------------------- context parallelism
+
+SMALL = Model(4, 256, 8, 1000, 1024, 16, kv_heads=4)
+
+
+def small(cp, variant="allgather", tp=2, pp=2, dp=2, gpus_per_node=8, **kw):
+    lay = Layout(tp, pp, dp, 1, zero=1, sequence_parallel=True, flash_attention=True, cp=cp,
+                 cp_variant=variant, **kw)
+    return estimate(SMALL, make_cluster("h100-sxm", tp * pp * dp * cp, gpus_per_node), lay)
+
+
+@pytest.mark.parametrize("layout, words", [
+    (Layout(2, 2, 2, 1, cp=3), "tp x pp x dp x cp = 2 x 2 x 2 x 3 = 24, not the 16 GPUs"),
+    (Layout(2, 2, 1, 1, cp=4), "2 x cp = 8 equal chunks"),
+    (Layout(2, 2, 2, 1, cp=2, cp_variant="ulysses"), "Ulysses cp 2 does not divide"),
+    (Layout(2, 2, 2, 1, cp=2, cp_variant="pass-q"), "must be one of ring, ulysses, allgather"),
+])
+def test_cp_rules(layout, words):
+    model = Model(4, 256, 8, 1000, 1020 if "chunks" in words else 1024, 16, kv_heads=2)
+    why = legal(model, make_cluster("h100-sxm", 16), layout)
+    assert why is not None and words in why, why
+    assert legal(model, make_cluster("h100-sxm", 16), Layout(2, 2, 2, 1, cp=2)) is None
+
+
+@pytest.mark.parametrize("variant", ["ring", "ulysses", "allgather"])
+def test_cp_bytes_are_plan_context_per_layer_times_layers_and_micro_batches(variant):
+    """The CP group's bytes per step: plan.context.cp_layer_bytes of a TP rank's heads
+    (8/2 heads, 4/2 KV heads) x the stage's layers x the micro-batches, in 2-byte values."""
+    from minidist.plan.context import cp_layer_bytes
+    e = small(2, variant)
+    m = SMALL.global_batch // 2
+    per = cp_layer_bytes(variant, 1, 1024, 4, 32, 2, 2, 2)
+    assert e.bytes_sent["cp"] == 2 * m * per
+    assert "cp" not in small(1).bytes_sent                  # no CP group, no "cp" key
+
+
+def test_memory_and_compute_per_gpu_fall_with_cp():
+    """Each GPU keeps s/cp tokens: with flash attention every per-token term is 1/cp (the
+    activations, the logits, the compute: causal attention balanced, 1/cp of the s x s
+    work each), and ZeRO-1 shards the optimizer state over dp x cp."""
+    one = small(1)
+    for cp in (2, 4):
+        e = small(cp)
+        assert e.memory["activations"] == pytest.approx(one.memory["activations"] / cp, rel=1e-12)
+        assert e.compute_s == pytest.approx(one.compute_s / cp, rel=1e-12)
+        assert e.memory["optimizer"] == pytest.approx(one.memory["optimizer"] / cp, rel=1e-12)
+        assert e.memory["weights"] == one.memory["weights"]
+        assert e.memory_bytes_per_gpu < one.memory_bytes_per_gpu
+        assert e.model_flops == one.model_flops              # the same step, on cp x the GPUs
+
+
+def test_ring_hides_behind_attention_and_the_cp_group_lands_by_tp_x_cp():
+    """The ring's exchange overlaps the layer's attention (this project's choice): never
+    more exposed than the all-gather's, which is exposed whole. TP 2 x CP 4 fits a node of
+    8; with nodes of 4 the CP group crosses them and costs more."""
+    ring, gather = small(4, "ring"), small(4, "allgather")
+    assert ring.bytes_sent["cp"] == gather.bytes_sent["cp"]
+    assert 0 <= ring.cp_s <= gather.cp_s and gather.cp_s > 0
+    assert small(4, gpus_per_node=4).cp_s > gather.cp_s
+
+
+def test_llama3_128k_row():
+    """Llama 3's 128K stage (Table 4): 16,384 H100s at TP 8, CP 16, PP 16, DP 8 (the GPU
+    count needs DP 8), all-gather CP, 128 sequences of 131,072 (16M tokens), 38% MFU."""
+    from minidist.plan import published
+    row = next(r for r in ROWS if r.label == "405B 128K on 16384")
+    lay = row.layout
+    assert (lay.tp, lay.cp, lay.pp, lay.dp, lay.cp_variant) == (8, 16, 16, 8, "allgather")
+    assert lay.gpus == row.gpus == 16384 and row.model.seq == 131072
+    assert row.model.global_batch * row.model.seq == 128 * 131072 and row.published == 0.38
+    value, est = published.predict(row)
+    assert est.bytes_sent["cp"] > 0 and est.cp_s > 0 and value == est.mfu
+
+
+def test_cli_cp_prints_one_layout(capsys):
+    argv = LLAMA[:1] + ["16384"] + LLAMA[2:] + ["--cp", "16", "--seq", "131072", "--global-batch",
+                                                "128", "--chunks", "8", "--zero", "1",
+                                                "--sequence-parallel", "--flash-attention"]
+    code, out = run(capsys, argv + ["--json"])
+    doc = json.loads(out.out)
+    assert code == 0 and len(doc["layouts"]) == 1
+    lay = doc["layouts"][0]
+    assert (lay["tp"], lay["cp"], lay["pp"], lay["dp"], lay["cp_variant"]) == (8, 16, 16, 8, "allgather")
+    from minidist.plan import published
+    row = next(r for r in published.ROWS if r.label == "405B 128K on 16384")
+    assert lay["mfu"] == published.predict(row)[0]
+    code, out = run(capsys, argv + ["--explain"])
+    lines = out.out.splitlines()
+    assert code == 0 and max(map(len, lines)) <= 100 and any("exposed CP" in line for line in lines)

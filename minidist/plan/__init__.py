@@ -7,10 +7,14 @@ Layers of this package (each imports only those above it):
   flops        FLOPs per token and per step (PaLM; Narayanan et al.), model and hardware
   pipeline     bubbles, micro-batches in flight, point-to-point volume
   traffic      bytes per rank per step of every strategy (DP, TP/SP, PP, ZeRO/FSDP, MoE)
-  step_bytes   those bytes for one GPU of a planned layout, by group (what cost times)
+  context      context parallelism's bytes per rank (ring, Ulysses, all-gather) and
+               attention work per rank, exact and the papers'
+  step_bytes   those bytes for one GPU of a planned layout, by group, CP's included (what
+               cost times)
   cluster      GPUs and links from their datasheets
   layout       the model's shape, a layout of it, and the rules a layout must keep
-  cost         one layout on one cluster: memory, FLOPs, communication, step time, MFU
+  cost         one layout on one cluster (context parallelism included): memory, FLOPs,
+               communication, step time, MFU
   search       every legal layout, best first; `python -m minidist.plan`
   choose       the fastest layout under a memory cap (exercise 12.4)
   published    published runs and the planner's predictions of them (lesson 12)

@@ -6,7 +6,7 @@ Every formula comes from the modules above this one (plan.flops, plan.memory,
 plan.pipeline, plan.step_bytes over plan.traffic, plan.collectives); this module adds
 only how the parts add up to a step, which is this project's model of a Megatron-style run:
 
-  step = compute + exposed TP + bubble + exposed PP + exposed DP + optimizer step
+  step = compute + exposed TP + exposed CP + bubble + exposed PP + exposed DP + optimizer step
   compute  m micro-batches on the busiest stage: its matrix products' hardware FLOPs at
            peak x matmul_efficiency (cluster.py), plus its elementwise kernels (layer
            norms, softmax, dropout, GELU, residual adds), which are bound by HBM: each
@@ -20,6 +20,19 @@ engine sends them (plan.step_bytes: Estimate.bytes_sent, equal to the lessons' c
 tests/mpi/test_plan_bytes.py): each collective call costs its message steps x alpha (a
 ring all-reduce 2(N-1), reduce-scatter and all-gather N-1, a send 1) plus its bytes over
 the link's bandwidth: the ring alpha-beta times of plan.collectives.
+  CP       context parallelism (Layout.cp > 1) cuts each sequence over cp ranks, each
+           holding 2 of the 2 cp load-balanced chunks: n = s/cp tokens per GPU, so every
+           per-token count here (FLOPs, activations, TP and PP messages) takes n for s,
+           and with the causal mask balanced every rank's attention does 1/cp of the
+           s x s work (plan.flops' whole-s x s count, divided by cp). Per layer and
+           micro-batch the attention exchange, plan.context.cp_layer_bytes of a TP rank's
+           heads (plan.step_bytes), on the link of the tp x cp ranks a CP group spans
+           (inside a node when tp x cp <= 8). Exposed: the ring's K/V exchange overlaps
+           that layer's attention compute (forward and backward), as Megatron-LM/
+           Transformer Engine's p2p CP does, so only what exceeds it shows; all-gather
+           (Llama 3 says its all-gather latency is exposed on the critical path, their
+           section 3.3.2) and Ulysses' all-to-alls are exposed whole. Which part
+           overlaps is this project's choice, written down, not a measurement.
   TP       per layer and micro-batch, 4 all-reduces of b s h (6 with full recomputation;
            under sequence parallelism 4 all-gathers + 4 reduce-scatters + the 2
            all-gathers Megatron repeats in backward), the embedding's (first stage), the
@@ -34,7 +47,7 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            (Narayanan et al.'s scatter/gather, 4.1); the loss's broadcast and the tied
            embedding's sum between the end stages (GPT) on the link that spans them
   DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather; stage 3 by
-           units, one per layer) over the group's link, in the buckets of
+           units, one per layer) over the group's link (with CP, the dp x cp ranks), in the buckets of
            Layout.bucket_bytes; under 1F1B it overlaps only the last micro-batch's
            backward, the rest is exposed; ZeRO 1-2's weight all-gather after the step
            hides behind the next step's first forward (Megatron's --overlap-param-gather),
@@ -43,12 +56,17 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            of state and the g of gradient and writes the state and the w of weights,
            (2K + g + w) bytes per parameter (this project's count).
 Not modelled: data loading, the all-gather over NVLink that completes the pipeline's
-scatter/gather, the clipping norm's 8 bytes, stragglers, failures.
+scatter/gather, the clipping norm's 8 bytes, stragglers, failures; with CP, the exchange
+a recomputed forward repeats and the transient buffers of one layer's exchange (all-gather:
+K, V of the whole sequence, 2 b s kv hd/t values).
 
 Memory (the most loaded GPU): model states by ZeRO stage and precision (plan.memory) of
 the stage's parameters; activations of the micro-batches in flight (first stage:
 plan.pipeline.in_flight), the embedding on the first stage, the head and its logits on
-the last. Rank order is Megatron's: tp innermost, then dp, then pp.
+the last; with CP each GPU keeps n = s/cp tokens' activations (the scores, when kept,
+5 a n s b/t: its queries against every key), the logits of n tokens, and model states
+sharded by ZeRO over dp x cp. Rank order is Megatron's: tp innermost, then cp, then dp,
+then pp (plan.layout).
 """
 from dataclasses import dataclass, field
 
@@ -72,6 +90,7 @@ class Estimate:
     compute_s: float
     elementwise_s: float       # the part of compute_s bound by HBM
     tp_s: float
+    cp_s: float                # exposed context-parallel exchange (0 when cp = 1)
     pp_s: float
     dp_s: float
     bubble_s: float
@@ -87,15 +106,17 @@ class Estimate:
     memory_bytes_per_gpu: float
     fits: bool
     lines: list = field(default_factory=list, repr=False)   # (quantity, formula, value)
-    bytes_sent: dict = field(default_factory=dict)   # {"tp", "pp", "dp"}: bytes per step, plan.step_bytes
+    bytes_sent: dict = field(default_factory=dict)   # {"tp", "pp", "dp"(, "cp")}: bytes per step, plan.step_bytes
     bytes_stage: int = 0       # the pipeline stage (the busiest) whose first GPU bytes_sent counts
 
     def as_dict(self):
         lay = self.layout
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "cp_variant": lay.cp_variant,
+                "micro_batch": lay.micro_batch,
                 "chunks": lay.chunks, "zero": lay.zero, "sequence_parallel": lay.sequence_parallel,
                 "recompute": lay.recompute, "precision": lay.precision,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s, "tp_s": self.tp_s,
+                "cp_s": self.cp_s,
                 "pp_s": self.pp_s, "dp_s": self.dp_s, "bubble_s": self.bubble_s,
                 "optimizer_s": self.optimizer_s,
                 "tokens_per_s": self.tokens_per_s,
@@ -120,8 +141,9 @@ def estimate(model, cluster, layout):
     if why:
         raise ValueError(why)
     g, lay = cluster.gpu, layout
-    t, p, d, b, v = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.chunks
+    t, p, d, b, v, cp = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.chunks, lay.cp
     s, h, a, V, L = model.seq, model.hidden, model.heads, model.vocab, model.layers
+    n = s // cp                                          # this GPU's tokens of each sequence
     m = model.global_batch // (d * b)
     layers = stage_layers(L, p)
     lines = []
@@ -133,13 +155,14 @@ def estimate(model, cluster, layout):
     # -- compute: matrix products at peak x efficiency, elementwise kernels at HBM speed
     rate = t * g.peak_flops * g.matmul_efficiency
     shape = dict(heads=a, ffn=model.ffn, kv_heads=model.kv, swiglu=model.swiglu)
-    fwd = F.layer_flops(b, s, h, **shape)
-    again = {"none": 0, "selective": F.attention_score_flops(b, s, h), "full": fwd}[lay.recompute]
+    fwd = F.layer_flops(b, s, h, **shape) / cp           # this rank's 1/cp (load-balanced)
+    attn = F.attention_score_flops(b, s, h) / cp
+    again = {"none": 0, "selective": attn, "full": fwd}[lay.recompute]
     layer_matmul = (3 * fwd + again) / rate
-    logits = 3 * F.logit_flops(b, s, h, V) / rate
-    scores = 5 * a * s * s * b / t                       # the s x s arrays in that count
-    saved = korthikanti_layer_bytes(s, b, h, a, t, lay.sequence_parallel)
-    saved -= scores if lay.flash_attention else 0
+    logits = 3 * F.logit_flops(b, n, h, V) / rate
+    scores = 5 * a * n * s * b / t                       # the n x s arrays in that count
+    saved = korthikanti_layer_bytes(n, b, h, a, t, lay.sequence_parallel) - 5 * a * n * n * b / t
+    saved += 0 if lay.flash_attention else scores
     passes = 4 if lay.recompute == "full" else 3         # forward 1, backward 2, recomputed 1
     rerun = lay.recompute == "selective" and not lay.flash_attention
     elem_bytes = 2 * saved * passes + (2 * scores if rerun else 0)
@@ -150,23 +173,37 @@ def estimate(model, cluster, layout):
 
     # -- what each stage's first GPU sends (plan.step_bytes), timed on the links it crosses
     kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))   # first, a middle one, last
-    cross = p > 1 and t * d >= cluster.gpus_per_node         # pipeline neighbours in other nodes
+    span = t * cp * d                                     # ranks of one pipeline stage
+    cross = p > 1 and span >= cluster.gpus_per_node         # pipeline neighbours in other nodes
     sent = {i: SB.rank_sent(model, lay, layers[i], i, scatter_gather=cross) for i in kinds}
     tp_link = cluster.link(t)
     tp_step = {i: SB.seconds(sent[i]["tp"], t, *tp_link) for i in kinds}
+    # CP: one layer's exchange per micro-batch on the tp x cp span; the ring's hides
+    # behind that layer's attention (forward + backward), the others' are exposed
+    cp_layer = SB.seconds(sent[0].get("cp", {}), cp, *cluster.link(t * cp)) / (layers[0] * m)
+    cp_hidden = 3 * attn / rate if lay.cp_variant == "ring" else 0.0
+    cp_exposed = max(0.0, cp_layer - cp_hidden)
 
     def stage_time(i):
         extra = logits if i == p - 1 else 0.0
-        return layers[i] * (layer_matmul + layer_elem) + extra, tp_step[i] / m
+        return layers[i] * (layer_matmul + layer_elem) + extra, tp_step[i] / m + layers[i] * cp_exposed
 
     times = {i: stage_time(i) for i in kinds}
     busiest = max(kinds, key=lambda i: sum(times[i]))
-    comp_mb, tp_mb = times[busiest]
+    comp_mb = times[busiest][0]
+    tp_mb, cp_mb = tp_step[busiest] / m, layers[busiest] * cp_exposed
     elem_mb = layers[busiest] * layer_elem
     mine = sent[busiest]
     note("TP per micro-batch", "busiest stage's TP: calls x steps x alpha + bytes/bw (s)", tp_mb)
+    if cp > 1:
+        note("CP per layer, micro-batch", f"{lay.cp_variant}: calls x steps x alpha + bytes/bw (s)",
+             cp_layer)
+        if lay.cp_variant == "ring":
+            note("attention per layer, m.-b.", "3 x score FLOPs / cp / rate: hides the ring (s)",
+                 cp_hidden)
     compute_s = note("compute", "m x busiest stage's compute per micro-batch (s)", m * comp_mb)
     tp_s = note("exposed TP", "m x busiest stage's TP time per micro-batch (s)", m * tp_mb)
+    cp_s = note("exposed CP", "m x busiest stage's layers x exposed CP per layer (s)", m * cp_mb)
 
     # -- pipeline: the bubble, and the boundary transfers
     bubble_s = pp_s = 0.0
@@ -174,27 +211,27 @@ def estimate(model, cluster, layout):
         frac = bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v)
         kind = {0: 0, p - 1: p - 1}
         tp_mean = sum(tp_step[kind.get(i, 1)] for i in range(p)) / (p * m)
-        mean_mb = (L * (layer_matmul + layer_elem) + logits) / p + tp_mean   # fill and drain cross all
+        mean_mb = (L * (layer_matmul + layer_elem + cp_exposed) + logits) / p + tp_mean   # fill, drain cross all
         bubble_s = float(frac / (1 - frac)) * m * mean_mb
-        alpha, bw = cluster.link(t * d + 1)              # neighbours are t d ranks apart
+        alpha, bw = cluster.link(span + 1)               # neighbours are t cp d ranks apart
         fill = 2 * (p - 1) * (alpha + SB.transfer_bytes(model, lay, cross) / bw)
         sends = {k: c for k, c in mine["pp"].items() if k == "send"}
         ends = {k: c for k, c in mine["pp"].items() if k != "send"}   # the loss, the tied table
         pp_s = (SB.seconds(sends, 2, alpha, bw) + fill       # ends: across the whole pipeline
-                + SB.seconds(ends, p, *cluster.link((p - 1) * t * d + 1), {"all_reduce": 2}))
+                + SB.seconds(ends, p, *cluster.link((p - 1) * span + 1), {"all_reduce": 2}))
     note("bubble", "(p-1)/(v m) of m micro-batches on a mean stage (s)", bubble_s)
     note("exposed PP", "busiest stage's sends + 2 (p-1) fill/drain transfers (s)", pp_s)
 
-    # -- data parallelism: gradients reduced over the dp group's link
+    # -- data parallelism: gradients reduced over the dp (x cp) group's link
     params_stage = {i: _stage_params(model, layers[i], i == 0, i == p - 1, t) for i in kinds}
     psi = max(params_stage.values())
     w_item, g_item, _ = ACCOUNTING[lay.precision]
-    dp_s = 0.0
-    if d > 1:
-        dp_link = cluster.link(t * d)
+    dp_s, dc = 0.0, d * cp                               # Megatron reduces over dp x cp
+    if dc > 1:
+        dp_link = cluster.link(span)
 
         def dp_time(*names):
-            return SB.seconds({k: c for k, c in mine["dp"].items() if k in names}, d, *dp_link)
+            return SB.seconds({k: c for k, c in mine["dp"].items() if k in names}, dc, *dp_link)
 
         bwd = comp_mb * (2 * fwd + again) / (3 * fwd + again)    # last micro-batch's backward
         first_fwd = comp_mb * fwd / (3 * fwd + again)             # next step's first forward
@@ -215,42 +252,42 @@ def estimate(model, cluster, layout):
 
     # -- the optimizer step: Adam reads and writes its state, bound by HBM
     k_item = ACCOUNTING[lay.precision][2]
-    opt_psi = psi / d if lay.zero >= 1 else psi
+    opt_psi = psi / dc if lay.zero >= 1 else psi
     opt_s = note("optimizer step", "Psi_gpu x (2K + g + w) bytes / HBM bandwidth (s)",
                  opt_psi * (2 * k_item + g_item + w_item) / g.hbm_bytes_per_s)
 
-    step = compute_s + tp_s + bubble_s + pp_s + dp_s + opt_s
-    note("step time", "compute + TP + bubble + PP + DP + optimizer (s)", step)
+    step = compute_s + tp_s + cp_s + bubble_s + pp_s + dp_s + opt_s
+    note("step time", "compute + TP + CP + bubble + PP + DP + optimizer (s)", step)
     model_flops, hw_flops = F.step_flops(model.global_batch, s, L, h, V, recompute=lay.recompute, **shape)
     n_gpu = cluster.gpus
 
     # -- memory on the first and the last stage (the two ends), the larger one reported
-    keep = activation_layer_bytes(s, b, h, a, t, lay.sequence_parallel, lay.recompute)
-    if lay.flash_attention and lay.recompute == "none":
-        keep -= 5 * a * s * s * b / t
+    keep = activation_layer_bytes(n, b, h, a, t, lay.sequence_parallel, lay.recompute)
+    if lay.recompute == "none":                          # the scores: n queries x s keys
+        keep += (0 if lay.flash_attention else scores) - 5 * a * n * n * b / t
     work = saved if lay.recompute == "full" else 0.0     # one layer rebuilt in backward
 
     def stage_memory(i):
-        states = model_state_bytes(params_stage[i], d, lay.zero, lay.precision)
+        states = model_state_bytes(params_stage[i], dc, lay.zero, lay.precision)
         if i == 0:
             flight = float(in_flight(p, m, v))
         else:                                  # the last rank's warm-up, Megatron's count
             flight = min(m, ((v - 1) * p + 1) / v) if p > 1 else 1
         mem = dict(states, activations=flight * layers[i] * keep + work)
         if i == p - 1:
-            mem["logits"] = b * s * V / t * LOGIT_BYTES
+            mem["logits"] = b * n * V / t * LOGIT_BYTES
         return mem
 
     ends = [stage_memory(0)] + ([stage_memory(p - 1)] if p > 1 else [])
     memory = max(ends, key=lambda x: sum(x.values()))
     total = sum(memory.values())
     note("memory on the fullest GPU", "states + activations (+ logits) (bytes)", total)
-    return Estimate(model, lay, g.name, step, compute_s, m * elem_mb, tp_s, pp_s, dp_s, bubble_s, opt_s,
+    return Estimate(model, lay, g.name, step, compute_s, m * elem_mb, tp_s, cp_s, pp_s, dp_s, bubble_s, opt_s,
                     model.global_batch * s / step, model_flops, hw_flops,
                     model_flops / step / n_gpu / 1e12, hw_flops / step / n_gpu / 1e12,
                     model_flops / (step * n_gpu * g.peak_flops), hw_flops / (step * n_gpu * g.peak_flops),
                     memory, total, total <= USABLE_MEMORY * g.memory_bytes, lines,
-                    {k: SB.totals(mine[k]) for k in ("tp", "pp", "dp")}, busiest)
+                    {k: SB.totals(row) for k, row in mine.items()}, busiest)
 
 
 def describe(est):

@@ -3,14 +3,22 @@ and the rules a layout must keep to run at all (legal).
 
     python -c "from minidist.plan.layout import *; print(model_from_params(70e9))"
 
-cost.py estimates a legal layout; search.py enumerates them. Rules (legal): tp x pp x dp
-is the GPU count; tp divides the heads and the key/value heads; pp divides the layers
+cost.py estimates a legal layout; search.py enumerates them. Rules (legal): tp x cp x pp
+x dp is the GPU count; tp divides the heads and the key/value heads; pp divides the layers
 (or, Llama 3's layout, the layers + 2); dp x micro-batch divides the global batch;
 interleaving needs pp > 1, chunks dividing each stage's layers and micro-batches a
-multiple of pp; sequence parallelism needs tp > 1.
+multiple of pp; sequence parallelism needs tp > 1; context parallelism (cp > 1) needs the
+sequence cut into 2 cp equal chunks (Megatron's load-balanced layout: rank r holds chunks
+r and 2cp-1-r), and Ulysses the heads and key/value heads of a TP rank divisible by cp.
+
+Rank order, Megatron-LM's default (tp, cp, dp, pp, tp fastest): a CP group is cp ranks
+tp apart, spanning tp x cp consecutive ranks, so it lies inside a node when tp x cp is at
+most the node's GPUs (8) and crosses nodes otherwise (Llama 3's TP 8 x CP 16: 128 ranks,
+16 nodes); the weight gradients are reduced over dp x cp ranks spanning tp x cp x dp.
 """
 from dataclasses import dataclass
 
+from minidist.plan.context import VARIANTS as CP_VARIANTS
 from minidist.plan.flops import RECOMPUTE
 from minidist.plan.memory import ACCOUNTING
 
@@ -82,6 +90,12 @@ class Layout:
     flash_attention: bool = False     # no s x s scores in memory (Dao et al. 2022)
     bucket_bytes: int = None          # DP/ZeRO-2 gradient buckets: None one flat buffer, 0 one per
                                       # parameter, n buckets of >= n bytes (plan.step_bytes)
+    cp: int = 1                       # context parallelism: each sequence cut over cp ranks
+    cp_variant: str = "allgather"     # ring, ulysses or allgather (Llama 3's)
+
+    @property
+    def gpus(self):
+        return self.tp * self.cp * self.pp * self.dp
 
 
 def stage_layers(L, p):
@@ -98,12 +112,24 @@ def stage_layers(L, p):
 def legal(model, cluster, layout):
     """None when the layout can run this model on this cluster, else a one-line reason."""
     t, p, d, b, v = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.chunks
-    if min(t, p, d, b, v) < 1:
-        return "tp, pp, dp, micro-batch and chunks must be at least 1"
-    if t * p * d != cluster.gpus:
-        return f"tp x pp x dp = {t} x {p} x {d} = {t * p * d}, not the {cluster.gpus} GPUs"
+    c = layout.cp
+    if min(t, p, d, b, v, c) < 1:
+        return "tp, cp, pp, dp, micro-batch and chunks must be at least 1"
+    if layout.gpus != cluster.gpus:
+        if c == 1:
+            return f"tp x pp x dp = {t} x {p} x {d} = {t * p * d}, not the {cluster.gpus} GPUs"
+        return (f"tp x pp x dp x cp = {t} x {p} x {d} x {c} = {layout.gpus}, "
+                f"not the {cluster.gpus} GPUs")
     if model.heads % t or model.kv % t:
         return f"tp {t} does not divide the {model.heads} heads ({model.kv} key/value heads)"
+    if layout.cp_variant not in CP_VARIANTS:
+        return f"the CP variant must be one of {', '.join(CP_VARIANTS)}, not {layout.cp_variant!r}"
+    if c > 1 and model.seq % (2 * c):
+        return (f"cp {c} needs the sequence {model.seq} cut into 2 x cp = {2 * c} equal chunks "
+                "(the load-balanced layout)")
+    if c > 1 and layout.cp_variant == "ulysses" and (model.heads // t % c or model.kv // t % c):
+        return (f"Ulysses cp {c} does not divide the {model.heads // t} heads "
+                f"({model.kv // t} key/value heads) of a TP rank")
     layers = stage_layers(model.layers, p)
     if layers is None:
         return (f"pp {p} does not divide the {model.layers} layers (nor {model.layers + 2}, Llama 3's "

@@ -12,11 +12,17 @@ Each row is compared in the unit its paper reports, like with like:
                     Table 1, column "Achieved teraFLOP/s per GPU"; all rows use full
                     activation recomputation, section 5.1; A100 80GB on Selene)
   mfu               model FLOPs utilisation (Grattafiori et al. 2024, arXiv 2407.21783, Llama 3,
-                    Table 4, column "BF16 MFU"; H100 SXM, 8,192 and 16,384 GPUs)
+                    Table 4, column "BF16 MFU"; H100 SXM, 8,192 and 16,384 GPUs at 8K tokens,
+                    and the 128K stage with context parallelism 16 on 16,384 GPUs, 38%)
 Details the tables do not give are said in each row's note: micro-batch size and
 interleaving for Korthikanti's rows are those of Calculon's validation inputs (Isaev et
 al. 2023, calculon-ai/calculon validation/*.json), which we could not confirm in the paper
 itself; Narayanan's Table 1 gives neither, and Llama 3 gives neither at these rows.
+Llama 3's 128K row: 16,384 GPUs at TP 8, CP 16, PP 16 need DP 8 (TP x CP x PP x DP is the
+GPU count; DP 4, as some notes quote the row, would be 8,192 GPUs), and DP 8 x 16 sequences
+x 131,072 tokens is the 16M tokens per batch of the other rows: 128 sequences, assumed so
+(the paper's table was not open to us here; SC'24's slide of it, as transcribed on
+glennklockwood.com, gives the GPUs, TP, CP, PP, 16M tokens per batch and 380 TFLOP/s).
 The efficiency constants of cluster.py are one number per GPU type, chosen once by one rule
 over that type's rows (the value, to 0.01, that minimises the worst error): one parameter
 per GPU type, never one per row. held_out() asks what that costs: each row predicted with
@@ -41,6 +47,12 @@ L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash atten
           "Megatron's distributed optimizer (ZeRO-1, whole fp32 gradients): our mapping, which overstates "
           "memory; GPT's activation count (34sbh) used for the SwiGLU/GQA shape; attention FLOPs counted for "
           "the whole s x s (Meta does not say)")
+L128_NOTE = ("the 128K stage: the 8K rows' assumptions, plus CP 16 as Llama 3's all-gather of K and V "
+             "(their section 3.3.2, which says its latency is exposed: modelled exposed) over 16 nodes; "
+             "DP 8 and 128 sequences of 131,072 (16M tokens) assumed, see plan.published's docstring; the "
+             "attention's s x s products, 57% of this row's FLOPs, are timed at the GEMMs' efficiency, "
+             "where FlashAttention-2 reaches about 35% of an H100's peak (Shah et al. 2024, "
+             "FlashAttention-3): the planner does not model that, and leans optimistic here")
 
 
 @dataclass(frozen=True)
@@ -92,10 +104,15 @@ def _narayanan():
 
 def _llama3():
     shape = Model(126, 16384, 128, 128256, 8192, 2048, ffn_hidden=53248, kv_heads=8, swiglu=True)
-    return [Row(L_SRC, f"405B on {n}", shape, H100, n,
+    rows = [Row(L_SRC, f"405B on {n}", shape, H100, n,
                 Layout(8, 16, n // 128, 1, chunks=8, zero=1, sequence_parallel=True,
                        precision="megatron", flash_attention=True), mfu, "mfu", L_NOTE)
             for n, mfu in ((8192, 0.43), (16384, 0.41))]
+    long = Model(126, 16384, 128, 128256, 131072, 128, ffn_hidden=53248, kv_heads=8, swiglu=True)
+    rows.append(Row(L_SRC, "405B 128K on 16384", long, H100, 16384,
+                    Layout(8, 16, 8, 1, chunks=8, zero=1, sequence_parallel=True, precision="megatron",
+                           flash_attention=True, cp=16, cp_variant="allgather"), 0.38, "mfu", L128_NOTE))
+    return rows
 
 
 ROWS = _korthikanti() + _narayanan() + _llama3()
@@ -110,14 +127,15 @@ def predict(row, gpu=None):
 
 
 def compare(rows=ROWS):
-    """{"rows": [{source, label, kind, predicted, published, rel_error, note, split}],
+    """{"rows": [{source, label, kind, predicted, published, rel_error, note, split, cp, ...}],
     "mean_abs_error", "worst_abs_error"}; rel_error = predicted / published - 1."""
     out = []
     for row in rows:
         value, est = predict(row)
-        split = {k: getattr(est, k) for k in ("compute_s", "elementwise_s", "tp_s", "bubble_s", "pp_s", "dp_s",
-                                           "optimizer_s")}
+        split = {k: getattr(est, k) for k in ("compute_s", "elementwise_s", "tp_s", "cp_s", "bubble_s", "pp_s",
+                                           "dp_s", "optimizer_s")}
         out.append({"source": row.source, "label": row.label, "kind": row.kind, "predicted": value,
+                    "cp": row.layout.cp, "cp_variant": row.layout.cp_variant,
                     "published": row.published, "rel_error": value / row.published - 1,
                     "note": row.note, "split": split, "memory_bytes_per_gpu": est.memory_bytes_per_gpu,
                     "fits": est.fits})

@@ -20,6 +20,14 @@ byte, tests/mpi/test_3d_parallel.py and others) fed with a planned rank's number
   dp  zero_sent of the layout's flat buffers (stage 1: one; stage 2: its buckets; stage 3:
       the units, the ends first, then one per layer) or dp_sent of its all-reduces
       (stage 0), gradients in the gradients' itemsize, weights in the weights'.
+  cp  context parallelism (Layout.cp > 1): per layer and micro-batch the attention's
+      exchange of one TP rank's heads (heads/t, key/value heads kv/t), plan.context's
+      cp_layer_bytes: ring cp - 1 K, V blocks forward and cp - 1 K, V, dK, dV blocks
+      backward, 2 (cp - 1) sends; Ulysses 8 all-to-alls; all-gather (Llama 3's) an
+      all-gather of K, V forward, again backward, and a reduce-scatter of dK, dV, 3 calls.
+      With cp > 1 every other count moves the rank's s/cp tokens in place of s, and the
+      gradients are reduced over dp x cp ranks (Megatron folds CP into the data-parallel
+      group). The exchange a recomputed forward repeats is not counted.
 The clipping norm's float64 (its own group in the engine) is left out: 8 bytes.
 
 Which tensors (this project's choice, written down): GPT's are the engine's own, in the
@@ -39,6 +47,7 @@ contiguous gradient buffer, the engine's ZeRO-1 group), 0 one message per parame
 from collections import Counter
 
 from minidist.plan.collectives import ring_all_reduce_sent
+from minidist.plan.context import cp_layer_bytes
 from minidist.plan.memory import ACCOUNTING
 from minidist.plan.pipeline import p2p_bytes
 from minidist.plan.traffic import dp_sent, pp_sent, tp_sent, zero_sent
@@ -138,12 +147,29 @@ def _zero_rows(stage, groups, d, rank, m, g_item, w_item):
     return {"reduce_scatter": (calls[0], rs), "all_gather": (calls[1], ag)}
 
 
+# per layer and micro-batch: (the collective's name, calls) of each CP variant (docstring)
+CP_CALLS = {"ring": lambda cp: ("send", 2 * (cp - 1)), "ulysses": lambda cp: ("all_to_all", 8),
+            "allgather": lambda cp: ("all_gather+reduce_scatter", 3)}
+
+
+def cp_layer(model, layout):
+    """Bytes one GPU's attention exchange sends per layer and micro-batch, forward and
+    backward: plan.context.cp_layer_bytes of its TP rank's heads (0 when cp = 1)."""
+    if layout.cp == 1:
+        return 0
+    t, hd = layout.tp, model.hidden // model.heads
+    return cp_layer_bytes(layout.cp_variant, layout.micro_batch, model.seq, model.heads // t, hd,
+                          layout.cp, ACCOUNTING[layout.precision][0], model.kv // t)
+
+
 def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_gather=False):
-    """{"tp", "pp", "dp"}: {collective: (calls, bytes)} that GPU (pp_rank, tp_rank, dp_rank)
-    sends in one step; layers: its stage's layers (layout.stage_layers); scatter_gather:
-    its pipeline neighbours are in another node (module docstring)."""
+    """{"tp", "pp", "dp"} (and "cp" when cp > 1): {collective: (calls, bytes)} that GPU (pp_rank, tp_rank,
+    dp_rank) sends in one step; layers: its stage's layers (layout.stage_layers);
+    scatter_gather: its pipeline neighbours are in another node (module docstring);
+    dp_rank: its rank in the dp x cp group that reduces the gradients."""
     t, p, d, b, v = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.chunks
-    s, h = model.seq, model.hidden
+    cp = layout.cp
+    s, h = model.seq // cp, model.hidden                 # this rank's tokens of each sequence
     m = model.global_batch // (d * b)
     w_item, g_item, _ = ACCOUNTING[layout.precision]
     first, last = pp_rank == 0, pp_rank == p - 1
@@ -151,6 +177,11 @@ def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_ga
     layer_n, ends_n = sum(n for n, _ in per_layer), sum(n for n, _ in ends)
     psi = layers * layer_n + ends_n
     out = {"tp": {}, "pp": {}, "dp": {}}
+    if cp > 1:                                           # a "cp" group only where there is one
+        name, calls = CP_CALLS[layout.cp_variant](cp)
+        out["cp"] = {}
+        out["cp"][name] = (layers * m * calls, layers * m * cp_layer(model, layout))
+    d *= cp                                              # the gradients' group: dp x cp
     if t > 1:
         whole = sum(k * n for k, part in ((layers, per_layer), (1, ends))
                     for n, sharded in part if not sharded)
@@ -204,7 +235,7 @@ def seconds(row, size, alpha, bandwidth, sizes=None):
 
 
 def transfer_bytes(model, layout, scatter_gather=False):
-    """One point-to-point transfer: b s h (h/t each under scatter/gather) in the
+    """One point-to-point transfer: b (s/cp) h (h/t each under scatter/gather) in the
     activations' itemsize (plan.pipeline.p2p_bytes)."""
     h = model.hidden // layout.tp if scatter_gather else model.hidden
-    return p2p_bytes(layout.micro_batch, model.seq, h, ACCOUNTING[layout.precision][0])
+    return p2p_bytes(layout.micro_batch, model.seq // layout.cp, h, ACCOUNTING[layout.precision][0])
