@@ -56,6 +56,7 @@ demo: $(SETUP)
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.10_precision_and_compression --steps 60
 	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.11_checkpoints
 	$(PY) -m minidist.lessons.12_plan
+	$(MPIRUN) -n 4 $(PY) -m minidist.lessons.13_context_parallel
 
 # The MPI tests on the smallest worlds run beside the serial ones (their output waits in
 # .test-logs/ and is printed after): the serial tests leave a core idle while their jobs

@@ -17,8 +17,8 @@ SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--block-size", "1
          "--steps", "2"]
 
 # (lesson, ranks, flags): the Makefile's demo line, shrunk; 0 ranks: run without mpirun.
-# Lessons 10 and 11 are held to 100 columns by their own tests (test_lesson10.py, test_lesson11.py),
-# whose runs print every line those lessons have.
+# Lessons 10, 11 and 13 are held to 100 columns by their own tests (test_lesson10.py,
+# test_lesson11.py, test_lesson13.py), whose runs print every line those lessons have.
 DEMO = [
     ("00_single_process", 0, SMALL + ["--sample-tokens", "20", "--eval-interval", "1", "--log-interval", "1",
                                       "--peak-tflops", "1"]),
