@@ -276,6 +276,37 @@ def test_ring_hides_behind_attention_and_the_cp_group_lands_by_tp_x_cp():
     assert small(4, gpus_per_node=4).cp_s > gather.cp_s
 
 
+def test_ring_latency_is_three_steps_per_layer_and_its_window_causal_attention():
+    """The ring's calls are the engine's ring steps, 3 (cp-1) per layer and micro-batch
+    (K, V forward; K, V and dK, dV backward), each one send (one latency); the window it
+    hides behind is the causal kernel's work, plan.context.attention_scores (s (s+1)/2 per
+    head, 1/cp on each balanced rank), 3 x its forward FLOPs at the stage's matmul rate."""
+    from minidist.plan import step_bytes
+    from minidist.plan.context import attention_scores
+    cp, m = 4, SMALL.global_batch // 2
+    ring = small(cp, "ring")
+    row = step_bytes.rank_sent(SMALL, ring.layout, stage_layers(SMALL.layers, 2)[0])["cp"]
+    assert row["send"][0] == 2 * m * 3 * (cp - 1)            # 2 layers per stage
+    g = GPUS["h100-sxm"]
+    rate = 2 * g.peak_flops * g.matmul_efficiency
+    hd = SMALL.hidden // SMALL.heads
+    for r in range(cp):                                       # every balanced rank the same
+        causal = 4 * hd * attention_scores("ring", 1, SMALL.seq, SMALL.heads, cp, r)
+        window = next(v for q, _, v in ring.lines if q == "causal attention per layer")
+        assert window == pytest.approx(3 * causal / rate, rel=1e-12)
+    whole = flops.attention_score_flops(1, SMALL.seq, SMALL.hidden) / cp
+    assert window == pytest.approx(3 * whole / rate * (SMALL.seq + 1) / (2 * SMALL.seq), rel=1e-12)
+
+
+def test_allgather_is_exposed_but_small_at_128k():
+    """Llama 3 (section 3.3.2): the all-gather of K, V is exposed but small next to
+    attention; the 128K row's exposed CP is a few percent of its step."""
+    row = next(r for r in compare()["rows"] if r["label"] == "405B 128K on 16384")
+    split = row["split"]
+    step = sum(v for k, v in split.items() if k != "elementwise_s")
+    assert 0 < split["cp_s"] < 0.05 * step and split["cp_s"] < 0.1 * split["compute_s"]
+
+
 def test_llama3_128k_row():
     """Llama 3's 128K stage (Table 4): 16,384 H100s at TP 8, CP 16, PP 16, DP 8 (the GPU
     count needs DP 8), all-gather CP, 128 sequences of 131,072 (16M tokens), 38% MFU."""

@@ -53,7 +53,9 @@ class GPU:
 # details, how Meta counts causal attention's FLOPs, attention kernels slower than the
 # GEMMs, stragglers): large bf16 GEMMs alone reach well above 52% of an H100's peak. It
 # was 0.56 over the two 8K rows; the 128K row (context parallelism 16) joined the fit and
-# the same rule moved it to 0.52 (at 0.56 that row is predicted 13.6% high). Read it as
+# the same rule moved it to 0.52 (at 0.56 that row is predicted 13.6% high). So 0.52 is
+# fitted partly to a row whose DP is inferred: Table 4 prints DP 4 there, which fits
+# neither its 16,384 GPUs nor its 16M tokens; DP 8 fits both (plan.published). Read it as
 # "the fraction of peak a whole training step's matrix products reached", not as a GEMM
 # benchmark.
 A100_EFFICIENCY = 0.69

@@ -27,12 +27,26 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            s x s work (plan.flops' whole-s x s count, divided by cp). Per layer and
            micro-batch the attention exchange, plan.context.cp_layer_bytes of a TP rank's
            heads (plan.step_bytes), on the link of the tp x cp ranks a CP group spans
-           (inside a node when tp x cp <= 8). Exposed: the ring's K/V exchange overlaps
-           that layer's attention compute (forward and backward), as Megatron-LM/
-           Transformer Engine's p2p CP does, so only what exceeds it shows; all-gather
-           (Llama 3 says its all-gather latency is exposed on the critical path, their
-           section 3.3.2) and Ulysses' all-to-alls are exposed whole. Which part
-           overlaps is this project's choice, written down, not a measurement.
+           (inside a node when tp x cp <= 8). Its latency: each call's message steps x
+           alpha, the ring's 3 (cp-1) steps per layer (forward K, V; backward K, V and
+           dK, dV: the engine's ring steps, one message latency each, K and V fused
+           into one message as Transformer Engine sends them; plan.step_bytes).
+           Exposed: the ring's K/V exchange overlaps that layer's attention compute
+           (forward and backward), as Megatron-LM/Transformer Engine's p2p CP does, so
+           only what exceeds it shows. The window it hides behind is the causal
+           kernel's work, s (s+1)/2 scores per head, 1/cp of them on each balanced rank
+           (plan.context.attention_scores), 3 x its forward FLOPs at the matmul rate:
+           about half of what the compute term charges for attention, which keeps the
+           whole s x s count (Narayanan et al.'s and, we assume, Meta's convention for
+           FLOPs, standing in also for attention kernels slower than the GEMMs). So
+           the window is the conservative one: the ring shows exposed sooner than the
+           compute term alone would say. All-gather: Llama 3 (section 3.3.2) says its
+           all-gather's latency is exposed on the critical path but small, K and V
+           being small under GQA and the attention O(S^2) against the gather's O(S):
+           modelled exposed whole, and small it comes out (the 128K row of
+           plan.published: about 4% of the step, under a tenth of its attention).
+           Ulysses' all-to-alls are exposed whole. Which part overlaps is this
+           project's choice, written down, not a measurement.
   TP       per layer and micro-batch, 4 all-reduces of b s h (6 with full recomputation;
            under sequence parallelism 4 all-gathers + 4 reduce-scatters + the 2
            all-gathers Megatron repeats in backward), the embedding's (first stage), the
@@ -66,7 +80,9 @@ plan.pipeline.in_flight), the embedding on the first stage, the head and its log
 the last; with CP each GPU keeps n = s/cp tokens' activations (the scores, when kept,
 5 a n s b/t: its queries against every key), the logits of n tokens, and model states
 sharded by ZeRO over dp x cp. Rank order is Megatron's: tp innermost, then cp, then dp,
-then pp (plan.layout).
+then pp (plan.layout); this engine's ProcessGrid orders tp, cp, pp, dp (pp before dp, kept
+from the earlier lessons), which changes only which link a group lands on, not the bytes
+one GPU sends (plan.step_bytes counts by its rank in each group).
 """
 from dataclasses import dataclass, field
 
@@ -179,9 +195,11 @@ def estimate(model, cluster, layout):
     tp_link = cluster.link(t)
     tp_step = {i: SB.seconds(sent[i]["tp"], t, *tp_link) for i in kinds}
     # CP: one layer's exchange per micro-batch on the tp x cp span; the ring's hides
-    # behind that layer's attention (forward + backward), the others' are exposed
+    # behind that layer's attention (forward + backward) as a causal kernel computes it,
+    # s (s+1)/2 of the s x s scores (docstring); the others' are exposed
+    causal = attn * (s + 1) / (2 * s)
     cp_layer = SB.seconds(sent[0].get("cp", {}), cp, *cluster.link(t * cp)) / (layers[0] * m)
-    cp_hidden = 3 * attn / rate if lay.cp_variant == "ring" else 0.0
+    cp_hidden = 3 * causal / rate if lay.cp_variant == "ring" else 0.0
     cp_exposed = max(0.0, cp_layer - cp_hidden)
 
     def stage_time(i):
@@ -199,7 +217,7 @@ def estimate(model, cluster, layout):
         note("CP per layer, micro-batch", f"{lay.cp_variant}: calls x steps x alpha + bytes/bw (s)",
              cp_layer)
         if lay.cp_variant == "ring":
-            note("attention per layer, m.-b.", "3 x score FLOPs / cp / rate: hides the ring (s)",
+            note("causal attention per layer", "3 x causal score FLOPs / cp / rate: hides the ring (s)",
                  cp_hidden)
     compute_s = note("compute", "m x busiest stage's compute per micro-batch (s)", m * comp_mb)
     tp_s = note("exposed TP", "m x busiest stage's TP time per micro-batch (s)", m * tp_mb)

@@ -15,6 +15,10 @@ Rank order, Megatron-LM's default (tp, cp, dp, pp, tp fastest): a CP group is cp
 tp apart, spanning tp x cp consecutive ranks, so it lies inside a node when tp x cp is at
 most the node's GPUs (8) and crosses nodes otherwise (Llama 3's TP 8 x CP 16: 128 ranks,
 16 nodes); the weight gradients are reduced over dp x cp ranks spanning tp x cp x dp.
+(Megatron's full default is tp-cp-ep-dp-pp; no experts here.) This engine's ProcessGrid
+orders tp, cp, pp, dp (pp before dp, kept from the earlier lessons): that moves which link
+a group lands on, not what one GPU sends, which plan.step_bytes counts by the GPU's rank
+within each group, so the planner's bytes are the engine's under either order.
 """
 from dataclasses import dataclass
 

@@ -18,14 +18,15 @@ Details the tables do not give are said in each row's note: micro-batch size and
 interleaving for Korthikanti's rows are those of Calculon's validation inputs (Isaev et
 al. 2023, calculon-ai/calculon validation/*.json), which we could not confirm in the paper
 itself; Narayanan's Table 1 gives neither, and Llama 3 gives neither at these rows.
-Llama 3's 128K row: 16,384 GPUs at TP 8, CP 16, PP 16 need DP 8 (TP x CP x PP x DP is the
-GPU count; DP 4, as some notes quote the row, would be 8,192 GPUs), and DP 8 x 16 sequences
-x 131,072 tokens is the 16M tokens per batch of the other rows: 128 sequences, assumed so
-(the paper's table was not open to us here; SC'24's slide of it, as transcribed on
-glennklockwood.com, gives the GPUs, TP, CP, PP, 16M tokens per batch and 380 TFLOP/s).
+Llama 3's 128K row: Table 4 prints DP 4 and 16 sequences per DP rank, which is
+inconsistent with its own 16,384 GPUs (TP 8 x CP 16 x PP 16 x DP 4 = 8,192) and with its
+16M tokens per batch (DP 4 x 16 x 131,072 = 8.4M). DP 8 is the value consistent with both
+(8 x 16 x 16 x 8 = 16,384 GPUs; 8 x 16 x 131,072 = 16.8M tokens, 128 sequences), and the
+planner uses it: an inference from the table's other columns, not a printed figure.
 The efficiency constants of cluster.py are one number per GPU type, chosen once by one rule
 over that type's rows (the value, to 0.01, that minimises the worst error): one parameter
-per GPU type, never one per row. held_out() asks what that costs: each row predicted with
+per GPU type, never one per row (H100's 0.52 is fitted partly to the 128K row, whose DP
+is the inferred 8). held_out() asks what that costs: each row predicted with
 the constant the same rule picks from the *other* rows of its GPU type, so no row's own
 figure enters its prediction (leave-one-out cross-validation).
 """
@@ -48,8 +49,9 @@ L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash atten
           "memory; GPT's activation count (34sbh) used for the SwiGLU/GQA shape; attention FLOPs counted for "
           "the whole s x s (Meta does not say)")
 L128_NOTE = ("the 128K stage: the 8K rows' assumptions, plus CP 16 as Llama 3's all-gather of K and V "
-             "(their section 3.3.2, which says its latency is exposed: modelled exposed) over 16 nodes; "
-             "DP 8 and 128 sequences of 131,072 (16M tokens) assumed, see plan.published's docstring; the "
+             "(their section 3.3.2: exposed but small next to attention; modelled exposed) over 16 nodes; "
+             "Table 4 prints DP 4, inconsistent with its own 16,384 GPUs (8 x 16 x 16 x 4 = 8,192) and 16M "
+             "tokens (4 x 16 x 131,072 = 8.4M): DP 8, consistent with both, used (128 sequences); the "
              "attention's s x s products, 57% of this row's FLOPs, are timed at the GEMMs' efficiency, "
              "where FlashAttention-2 reaches about 35% of an H100's peak (Shah et al. 2024, "
              "FlashAttention-3): the planner does not model that, and leans optimistic here")

@@ -23,8 +23,14 @@ byte, tests/mpi/test_3d_parallel.py and others) fed with a planned rank's number
   cp  context parallelism (Layout.cp > 1): per layer and micro-batch the attention's
       exchange of one TP rank's heads (heads/t, key/value heads kv/t), plan.context's
       cp_layer_bytes: ring cp - 1 K, V blocks forward and cp - 1 K, V, dK, dV blocks
-      backward, 2 (cp - 1) sends; Ulysses 8 all-to-alls; all-gather (Llama 3's) an
-      all-gather of K, V forward, again backward, and a reduce-scatter of dK, dV, 3 calls.
+      backward; Ulysses 8 all-to-alls; all-gather (Llama 3's) an all-gather of K, V
+      forward, again backward, and a reduce-scatter of dK, dV, 3 calls. The ring's calls
+      are its ring steps as the engine makes them, 3 (cp - 1) per layer (the engine's
+      "ring_pass" calls: cp - 1 passing K, V forward, cp - 1 passing K, V backward and
+      cp - 1 passing dK, dV home), each timed as one send, one message latency: the
+      convention of Transformer Engine, which fuses K and V (and dK and dV) into one
+      message per step; the engine posts the two as two messages of the same step, at
+      once, and counts 6 (cp - 1) messages.
       With cp > 1 every other count moves the rank's s/cp tokens in place of s, and the
       gradients are reduced over dp x cp ranks (Megatron folds CP into the data-parallel
       group). The exchange a recomputed forward repeats is not counted.
@@ -147,8 +153,9 @@ def _zero_rows(stage, groups, d, rank, m, g_item, w_item):
     return {"reduce_scatter": (calls[0], rs), "all_gather": (calls[1], ag)}
 
 
-# per layer and micro-batch: (the collective's name, calls) of each CP variant (docstring)
-CP_CALLS = {"ring": lambda cp: ("send", 2 * (cp - 1)), "ulysses": lambda cp: ("all_to_all", 8),
+# per layer and micro-batch: (the collective's name, calls) of each CP variant (docstring;
+# the ring: 3 (cp - 1) steps, forward K, V, backward K, V and dK, dV, one latency each)
+CP_CALLS = {"ring": lambda cp: ("send", 3 * (cp - 1)), "ulysses": lambda cp: ("all_to_all", 8),
             "allgather": lambda cp: ("all_gather+reduce_scatter", 3)}
 
 
