@@ -287,11 +287,12 @@ class GPT(Module):
         n = sum(p.size for p in self.parameters())
         return n - self.transformer.wpe.weight.size if non_embedding else n
 
-    def forward(self, idx, targets=None, rng=None, cache=None):
+    def forward(self, idx, targets=None, rng=None, cache=None, positions=None):
         """idx (B, T) ints -> logits (B, T, vocab) and the mean cross-entropy (or None).
 
         cache: a KVCache (generation, under no_grad): idx holds the positions after the
-        cached ones, which it attends to as well.
+        cached ones, which it attends to as well. positions: the global position of each
+        column of idx (context parallelism: a rank's chunks; cp_model.py); default 0..T-1.
         """
         idx = xp.asarray(idx)
         B, T = idx.shape
@@ -301,7 +302,8 @@ class GPT(Module):
             self._calls += 1
         tr = self.transformer
         tok_emb = tr.wte(idx)                                           # (B, T, C)
-        pos_emb = tr.wpe(xp.arange(first, first + T))                  # (T, C)
+        where = xp.arange(first, first + T) if positions is None else xp.asarray(positions)
+        pos_emb = tr.wpe(where)                                         # (T, C)
         x = tr.drop(tok_emb + pos_emb, rng)
         x = recompute.run_blocks(self.recompute, tr.h, x, rng, caches=None if cache is None else cache.layers)
         x = tr.ln_f(x)

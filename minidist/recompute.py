@@ -39,6 +39,7 @@ import math
 
 from minidist import ops
 from minidist.context import Context
+from minidist.rng import dropout_rng_of
 from minidist.tensor import Function, Node, Tensor, is_grad_enabled, no_grad
 
 # ----------------------------------------------------------------------------- dropout counters
@@ -49,8 +50,7 @@ def dropout_counters(inputs):
     the counter each will have to be rewound to for the rerun."""
     out, seen = [], set()
     for x in inputs:
-        while x is not None and not hasattr(x, "calls") and hasattr(x, "rng"):
-            x = x.rng                                  # SlicedRNG -> the DropoutRNG it slices
+        x = dropout_rng_of(x)                          # SlicedRNG -> the DropoutRNG it slices
         if x is not None and hasattr(x, "calls") and id(x) not in seen:
             seen.add(id(x))
             out.append((x, x.calls))

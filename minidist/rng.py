@@ -46,6 +46,13 @@ class DropoutRNG:
             numpy.multiply(keep, 1.0 / (1.0 - p), out=out[row], casting="unsafe")
         return xp.asarray(out)
 
+def dropout_rng_of(rng):
+    """The DropoutRNG behind a view of it (an object that keeps it as .rng: a SlicedRNG, a
+    PositionsRNG), or None for None: the one whose counter `calls` a rerun rewinds."""
+    while rng is not None and not hasattr(rng, "calls") and hasattr(rng, "rng"):
+        rng = rng.rng
+    return rng
+
 # ----------------------------------------------------------------------------- masks from positions
 
 # SplitMix64 (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators",

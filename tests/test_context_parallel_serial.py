@@ -12,8 +12,10 @@ from mpi4py import MPI
 
 from minidist.attention import STATS, attention_partial
 from minidist.model import GPT, GPTConfig
-from minidist.parallel.context_parallel import (ContextParallelGPT, chunk_bounds_2cp, rank_chunks, rank_positions,
-                                                rank_ranges, reduce_scatter_pieces, ring_pass_start)
+from minidist.comm import ring_reduce_scatter_v
+from minidist.parallel.context_parallel import (ContextParallelAttention, CPError, chunk_bounds_2cp, rank_chunks,
+                                                rank_positions, rank_ranges, ring_pass_start)
+from minidist.parallel.cp_model import ContextParallelGPT
 from minidist.plan import context as C
 
 SIZES = [(s, cp) for cp in range(1, 9) for s in range(2 * cp, 2 * cp + 13)]
@@ -112,13 +114,24 @@ def test_load_balance_evens_the_work():
     assert C.imbalance([3, 5])[0] == 2
 
 
+def test_tiles_balance_only_when_every_chunk_spans_as_many_tiles():
+    """seq 29, cp 3, tiles of 2: chunks of 5 and 4 tokens span 3 and 2 tiles, and the zigzag's
+    tiles differ by far more than one; its score elements stay within the uneven token."""
+    bal = [C.attention_tiles("ring", 29, 3, r, 2) for r in range(3)]
+    assert bal == [39, 57, 57] == [engine_tiles(29, 3, r, 2, True) for r in range(3)]
+    scores = [C.attention_scores("ring", 1, 29, 1, 3, r) for r in range(3)]
+    assert scores == [125, 155, 155] and max(scores) - min(scores) <= 29 + 1     # the last token's p + 1
+    assert len({C.attention_tiles("ring", 29, 3, r, 5) for r in range(3)}) == 1   # 5 and 4 tokens: one tile each
+    assert C.attention_tiles("ring", 6, 1, 0, 2) == engine_tiles(6, 1, 0, 2, True) == 6   # cp 1: one triangle
+
+
 def test_one_rank_ring_step_and_reduce_scatter():
     comm = MPI.COMM_SELF
     a, got = np.arange(6.0), np.empty(6)
     MPI.Request.Waitall(ring_pass_start(comm, [a], [got], 12000))
     assert got.tolist() == a.tolist()
     x = np.arange(24.0).reshape(1, 2, 3, 4)
-    assert np.array_equal(reduce_scatter_pieces(comm, x, [3]), x)
+    assert np.array_equal(ring_reduce_scatter_v(comm, x, [3], axis=2), x)
 
 
 @pytest.mark.parametrize("variant", C.VARIANTS)
@@ -135,3 +148,15 @@ def test_cp_1_is_the_gpt(variant):
     assert abs(loss.item() - loss_ref.item()) <= 1e-12
     for (n, p), (_, q) in zip(cp.named_parameters(), ref.named_parameters()):
         assert np.allclose(p.grad, q.grad, rtol=0, atol=1e-13), n
+
+
+def test_wrapping_changes_the_model_and_a_second_wrap_is_refused():
+    """ContextParallelGPT puts its cores into the model it wraps: the model is the CP
+    model's from then on (references build a GPT of their own), and a second wrap fails."""
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=20, n_layer=2, n_head=2, n_embd=8, dtype="float64",
+                        attention="blockwise", attn_block=4), seed=1)
+    model = ContextParallelGPT(gpt, MPI.COMM_SELF, "ring")
+    assert [b.attn.core for b in gpt.transformer.h] == model.cores
+    assert all(isinstance(c, ContextParallelAttention) for c in model.cores)
+    with pytest.raises(CPError, match="wrapped already"):
+        ContextParallelGPT(gpt, MPI.COMM_SELF, "allgather")

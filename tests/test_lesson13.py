@@ -52,7 +52,7 @@ def test_ring_at_two_ranks_matches_and_the_zigzag_balances(tmp_path):
     proc, rep = run(2, tmp_path=tmp_path)
     f = check(proc, rep, 2, "ring")
     tiles = f["attention_tiles_per_rank_balanced"]
-    assert max(tiles) - min(tiles) <= 1, tiles                       # at most one tile apart
+    assert len(set(tiles)) == 1, tiles           # --attn-block 8 divides the chunks of 32/4 = 8: equal
     naive = f["attention_scores_per_rank_naive"]
     assert max(naive) > 2 * min(naive), naive                        # about (2cp - 1) : 1 = 3 : 1
     assert f["cp_bytes_paper_formula"] == f["cp_bytes_formula"]      # 2cp divides s: the papers' count
@@ -90,3 +90,17 @@ def test_bad_input_exits_2_with_one_line_and_a_command_that_works(n, flags, mess
     assert len(lines) == 1 and lines[0].startswith("error:") and "this works: mpirun" in lines[0], proc.stderr
     assert message in lines[0].split("this works:")[1], lines[0]
     assert "Lesson" not in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_one_rank_counts_the_one_process_triangle(tmp_path):
+    """cp = 1: the rank holds one range, (0, s), and attends it as one process does: seq 6
+    in tiles of 2 is the triangle of 3 x 3 tiles, 6, beside plan/context.py's 6 (cutting at
+    the two chunks' border made 10)."""
+    out = tmp_path / "o.json"
+    cmd = [sys.executable, *LESSON, "--cp", "1", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--seq", "6",
+           "--batch-size", "2", "--attn-block", "2", "--steps", "1", "--timing-reps", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
+    assert proc.returncode == 0 and "verdict: MATCH" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    f = json.loads(out.read_text())["figures"]
+    for split in ("balanced", "naive"):
+        assert f[f"attention_tiles_per_rank_{split}"] == f[f"attention_tiles_formula_{split}"] == [6]

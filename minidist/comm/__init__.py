@@ -5,13 +5,14 @@
 Files, in reading order:
     stats.py        bytes and messages per collective, per process
     checks.py       the agreement check every collective makes first; agree()
-    collectives.py  ring reduce-scatter, ring all-gather, ring all-reduce; all_reduce(algorithm=)
+    collectives.py  ring reduce-scatter (_v: pieces of the caller's lengths), ring all-gather,
+                    ring all-reduce; all_reduce(algorithm=)
     basic.py        broadcast, reduce, the naive all-reduce
     algorithms.py   recursive-doubling and Rabenseifner all-reduces (lg N steps: small messages)
     tuning.py       algorithm="auto": the alpha-beta model's choice, calibrated on this machine
     p2p.py          send / recv for pipelines, all_to_all for experts
     nonblocking.py  ring_all_reduce_start: the ring in the background, for overlap
-    grid.py         ProcessGrid: tp x pp x dp sub-communicators
+    grid.py         ProcessGrid: tp x cp x pp x dp sub-communicators
     watchdog.py     a wait longer than MINIDIST_TIMEOUT prints every rank's stack, ends the job
 
 This layer moves NumPy arrays; it never imports the autograd engine. Importing it in a
@@ -22,7 +23,7 @@ from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling
 from minidist.comm.basic import broadcast, naive_all_reduce, reduce
 from minidist.comm.checks import MismatchError, agree
 from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce, ring_all_gather,
-                                       ring_all_reduce, ring_reduce_scatter)
+                                       ring_all_reduce, ring_reduce_scatter, ring_reduce_scatter_v)
 from minidist.comm.grid import GridError, ProcessGrid
 from minidist.comm.nonblocking import RingAllReduce, ring_all_reduce_start
 from minidist.comm.p2p import all_to_all, all_to_all_v, recv, send
@@ -30,7 +31,8 @@ from minidist.comm.p2p import all_to_all, all_to_all_v, recv, send
 watchdog.start()
 
 __all__ = ["stats", "agree", "MismatchError", "GridError", "ProcessGrid", "all_reduce",
-           "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "naive_all_reduce",
+           "ring_all_reduce", "ring_reduce_scatter", "ring_reduce_scatter_v",
+           "ring_all_gather", "naive_all_reduce",
            "recursive_doubling_all_reduce", "rabenseifner_all_reduce", "mpi_all_reduce",
            "broadcast", "reduce",
            "all_to_all", "all_to_all_v", "send", "recv", "ring_all_reduce_start", "RingAllReduce",

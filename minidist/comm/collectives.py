@@ -6,7 +6,7 @@ Ranks stand in a ring: each sends only to its right neighbour (rank+1) and recei
 only from its left (rank-1), N-1 steps per phase, one chunk of 1/N of the array per
 step. Bytes each rank sends (docs/reference.md; M the array's bytes, N ranks):
 
-    ring reduce-scatter   N-1 steps       (N-1)/N * M
+    ring reduce-scatter   N-1 steps       (N-1)/N * M   (ring_reduce_scatter_v: M - my piece)
     ring all-gather       N-1 steps       (N-1)/N * M
     ring all-reduce       2(N-1) steps   2(N-1)/N * M    (= reduce-scatter + all-gather)
 
@@ -118,6 +118,39 @@ def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
         if op == "avg":
             finish_avg(mine, size)
         chunk = mine.reshape((row_bounds[rank + 1] - row_bounds[rank],) + rows.shape[1:])
+        return np.asarray(np.moveaxis(chunk, 0, axis), order="C")
+
+
+def ring_reduce_scatter_v(comm, x, lengths, op="sum", axis=0, check=True):
+    """Reduce x over all ranks and keep rank r's piece along `axis`, lengths[r] long (pieces
+    in rank order, any lengths that add up to x.shape[axis]: ring_reduce_scatter with the
+    caller's cut instead of numpy.array_split's). Rank r sends every piece's partial sum but
+    its own: (M - its piece's bytes), in N-1 steps. Counted under "reduce_scatter"."""
+    x = np.asarray(x)
+    with stats.counting("reduce_scatter"), waiting("ring_reduce_scatter_v"):
+        if check:
+            exchange(comm, x, "ring_reduce_scatter_v", op=op, axis=axis)
+        else:
+            refuse(comm, x, "ring_reduce_scatter_v", op=op, axis=axis)
+        size, rank = comm.Get_size(), comm.Get_rank()
+        axis %= x.ndim
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != size or sum(lengths) != x.shape[axis] or min(lengths) < 0:
+            raise ValueError(f"ring_reduce_scatter_v: lengths {lengths} must be {size} pieces "
+                             f"adding up to the {x.shape[axis]} rows along axis {axis}")
+        rows = np.moveaxis(x, axis, 0)
+        src = _flat(rows)
+        row = int(np.prod(rows.shape[1:], dtype=np.int64))
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n * row)
+        longest = max(lengths) * row
+        bufs = [np.empty(longest, x.dtype), np.empty(longest if size > 2 else 0, x.dtype)]
+        mine = _reduce_scatter_phase(
+            comm, src, bounds, op, lambda step, c: bufs[step % 2][:bounds[c + 1] - bounds[c]])
+        if op == "avg":
+            finish_avg(mine, size)
+        chunk = mine.reshape((lengths[rank],) + rows.shape[1:])
         return np.asarray(np.moveaxis(chunk, 0, axis), order="C")
 
 

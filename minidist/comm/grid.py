@@ -11,8 +11,9 @@ Every rank has coordinates (dp_rank, pp_rank, cp_rank, tp_rank) with tp varying 
 so the ranks of one tensor-parallel group are neighbours (on a cluster, GPUs of one
 node, where the all-reduces of every layer run over the fastest links), the
 context-parallel ranks of one stage come next (their attention exchanges K and V every
-layer: Megatron-LM orders tp, cp, ep, dp, pp the same way, fastest first), then the
-pipeline stages of one replica, and data-parallel replicas are furthest apart. With
+layer), then the pipeline stages of one replica, and data-parallel replicas are furthest
+apart. Megatron-LM's default order differs in one place: tp-cp-ep-dp-pp, fastest first,
+puts dp before pp (pp slowest); this grid keeps lesson 07's tp, pp, dp (pp before dp). With
 cp = 1 (the default) every rank keeps the coordinates it had before cp existed.
 Ranks that share all coordinates but one form that one's group:
 

@@ -10,13 +10,15 @@ the sequence across ranks, attention included; the run must equal one process.
     mpirun -n 4 python -m minidist.lessons.13_context_parallel --dropout 0.1 --json out.json
 
 Every rank builds the same single-process GPT (blockwise attention, minidist/attention.py)
-and ContextParallelGPT (minidist/parallel/context_parallel.py) keeps this rank's chunks of
+and ContextParallelGPT (minidist/parallel/cp_model.py) keeps this rank's chunks of
 every sequence: 2 cp chunks, rank r holding r and 2cp-1-r (Megatron-LM's load balance) or,
 with --no-load-balance, 2r and 2r+1. Attention gets the other ranks' keys and values by
---variant: ring (pass-KV, Liu et al. 2023: K, V travel the ring, partial results merged by
-log-sum-exp, dK, dV travel back; the messages overlap the compute unless --no-overlap),
-ulysses (DeepSpeed-Ulysses, Jacobs et al. 2023: all-to-all from tokens to heads and back)
-or allgather (Llama 3, section 3.3.2: all-gather K, V; reduce-scatter dK, dV). The weight
+--variant: ring (ring attention, Liu et al. 2023; "pass-KV" in Yang et al. 2024: K, V
+travel the ring, partial results merged by log-sum-exp, dK, dV travel back; the messages
+overlap the compute unless --no-overlap), ulysses (DeepSpeed-Ulysses, Jacobs et al. 2023:
+all-to-all from tokens to heads and back) or allgather (the forward Llama 3 describes,
+Grattafiori et al. 2024, section 3.3.2: all-gather K, V; the backward, gather again and
+reduce-scatter dK, dV, is Transformer Engine's all-gather CP, not the paper's). The weight
 gradients are averaged over the data-parallel x context-parallel ranks (Megatron-LM's
 way); with --tp the model is lesson 03's TensorParallelGPT, its heads split first.
 
@@ -38,7 +40,7 @@ from minidist.data import shard_slice
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
-from minidist.parallel.context_parallel import ContextParallelGPT
+from minidist.parallel.cp_model import ContextParallelGPT
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, gather
 from minidist.plan import context as plan_cp
@@ -215,10 +217,19 @@ def work_section(comm, grid, cfg, args, variant, lb, measured, other, steps):
         f"the other ran one forward and backward"
         + ("" if comm.Get_size() == cp else "; the cp group of rank 0 shown, every rank checked"))
     harness.table(rows, header=["split", "cp rank", "tiles", "formula", "score elements", "formula", ""])
-    if variant != "ulysses":
-        say(f"  zigzag: every rank's chunks see 2cp-1 = {2 * cp - 1} earlier chunks, the same work; naive: rank r's\n"
-            f"  see 4r+1, so the last does about 2cp-1 = {2 * cp - 1} times the first's score elements")
-    else:
+    if variant != "ulysses" and cp > 1:
+        lengths = sorted(set(plan_cp.chunk_lengths(seq, cp)), reverse=True)
+        spans = sorted({-(-n // blk) for n in lengths}, reverse=True)       # tiles a chunk spans
+        if len(spans) == 1:
+            say(f"  zigzag: every rank's chunks see 2cp-1 = {2 * cp - 1} earlier chunks and every chunk spans "
+                f"{spans[0]} tile{'s' if spans[0] > 1 else ''},\n  so every rank computes the same tiles")
+        else:
+            say(f"  zigzag: the chunks are {lengths[0]} and {lengths[1]} tokens, {spans[0]} and {spans[1]} tiles "
+                f"of {blk}: the tile counts\n  differ (they are equal when every chunk spans as many tiles, e.g. "
+                f"when --attn-block divides\n  s/2cp); the score elements stay balanced to within the uneven token")
+        say(f"  naive: rank r's chunks see 4r+1 earlier chunks, so the last does about 2cp-1 = {2 * cp - 1} times\n"
+            f"  the first's score elements")
+    elif variant == "ulysses":
         say("  Ulysses attends the whole sequence on each rank's heads: no causal imbalance to remove")
     return ok, figures
 

@@ -258,10 +258,11 @@ class TensorParallelGPT(Module):
         recompute.set_policy(self, policy, k)
         return self
 
-    def forward(self, idx, targets=None, rng=None, cache=None):
+    def forward(self, idx, targets=None, rng=None, cache=None, positions=None):
         """cache: a KVCache of this rank's heads (generation, under no_grad); a step of
         generation feeds one token, which cannot be cut along the sequence, so it runs
-        plain tensor parallelism (f and g) even in a sequence-parallel model."""
+        plain tensor parallelism (f and g) even in a sequence-parallel model. positions:
+        the global position of each column of idx (as GPT.forward's; default 0..T-1)."""
         idx = xp.asarray(idx)
         B, T = idx.shape
         first = check_positions(self, T, cache)
@@ -270,15 +271,16 @@ class TensorParallelGPT(Module):
             self._calls += 1
         tr, comm, sp = self.transformer, self.comm, self.sequence_parallel and cache is None
         tok = tr.wte(idx)                                     # (B, T, C), zero for others' ids
+        where = xp.arange(first, first + T) if positions is None else xp.asarray(positions)
         if sp:
             lo, hi = sequence_bounds(T, comm)
             seq = (T, lo, hi)
             tok = leave_region(tok, comm, sp)                 # (B, T_r, C): my tokens, summed
-            pos = tr.wpe(xp.arange(lo, hi))                   # (T_r, C)
+            pos = tr.wpe(where[lo:hi])                        # (T_r, C)
         else:
             seq = None
             tok = leave_region(tok, comm, sp)                 # (B, T, C): g sums the lookups
-            pos = tr.wpe(xp.arange(first, first + T))         # (T, C)
+            pos = tr.wpe(where)                               # (T, C)
         x = sequence_dropout(tok + pos, self.dropout if self.training else 0.0, rng, seq)
         x = recompute.run_blocks(self.recompute, tr.h, x, rng, seq, caches=None if cache is None else cache.layers)
         logits, loss = self.head(x, targets, sp)

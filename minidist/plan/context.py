@@ -15,22 +15,25 @@ on purpose, from the same words: the code and the formula are two witnesses.
 Bytes per rank per layer per training step (forward + backward), e = b x kv x hd x
 itemsize the bytes of one token's K (or V) for b sequences, kv key/value heads of hd:
 
-  ring (pass-KV; Liu et al. 2023, arXiv 2310.01889): forward, cp-1 steps each pass the
-      K, V block held on to the next rank, the blocks of ranks r, r-1, ..., r-cp+2:
-      2e (s - n_{r+1}); backward the same K, V again, and the dK, dV accumulators of
-      blocks r-1, ..., r-cp+1 (each block's accumulator leaves its owner empty: it starts
-      on the next rank and comes home after cp-1 hops): 2e (s - n_r). With equal chunks,
-      n = s/cp: 6 (cp-1) b n kv hd itemsize (2 (cp-1) K, V blocks forward; 2 (cp-1) K, V
-      and 2 (cp-1) dK, dV backward).
-  ulysses (DeepSpeed-Ulysses; Jacobs et al. 2023, arXiv 2309.14509): all-to-all of q, k,
-      v from sequence to heads (my n_r tokens of the other ranks' heads: n_r (cp-1)/cp of
-      the heads), the output back from heads to sequence (my h/cp heads of the other
-      ranks' s - n_r tokens); backward the mirror: dO forward, dQ, dK, dV back.
-      (2h + 2kv) [n_r (cp-1)/cp + (s - n_r)/cp] b hd itemsize; equal chunks:
-      4 (h + kv) (cp-1)/cp b n hd itemsize.
-  allgather (Llama 3, arXiv 2407.21783 section 3.3.2): ring all-gather of K and V (each
-      rank forwards the pieces of ranks r, ..., r-cp+2: s - n_{r+1} tokens), again in
-      backward (nothing gathered is kept), and a ring reduce-scatter of dK, dV with each
+  ring (ring attention, Liu et al. 2023, arXiv 2310.01889; "pass-KV" is Yang et al.
+      2024's name, arXiv 2411.01783; Megatron-LM's default, --cp-comm-type p2p):
+      forward, cp-1 steps each pass the K, V block held on to the next rank, the blocks
+      of ranks r, r-1, ..., r-cp+2: 2e (s - n_{r+1}); backward the same K, V again, and
+      the dK, dV accumulators of blocks r-1, ..., r-cp+1 (each block's accumulator
+      leaves its owner empty: it starts on the next rank and comes home after cp-1
+      hops): 2e (s - n_r). With equal chunks, n = s/cp: 6 (cp-1) b n kv hd itemsize (2
+      (cp-1) K, V blocks forward; 2 (cp-1) K, V and 2 (cp-1) dK, dV backward).
+  ulysses (DeepSpeed-Ulysses; Jacobs et al. 2023, arXiv 2309.14509; Megatron's a2a, and
+      a2a+p2p nests it in a ring): all-to-all of q, k, v from sequence to heads (my n_r
+      tokens of the other ranks' heads: n_r (cp-1)/cp of the heads), the output back
+      from heads to sequence (my h/cp heads of the other ranks' s - n_r tokens);
+      backward the mirror: dO forward, dQ, dK, dV back. (2h + 2kv) [n_r (cp-1)/cp + (s -
+      n_r)/cp] b hd itemsize; equal chunks: 4 (h + kv) (cp-1)/cp b n hd itemsize.
+  allgather (the forward Llama 3 describes: Grattafiori et al. 2024, arXiv 2407.21783,
+      section 3.3.2; Megatron-LM's all_gather): ring all-gather of K and V (each rank
+      forwards the pieces of ranks r, ..., r-cp+2: s - n_{r+1} tokens); the backward, not
+      in the paper, is Transformer Engine's and this project's choice: the all-gather
+      again (nothing gathered is kept), and a ring reduce-scatter of dK, dV with each
       rank's own pieces as the bounds (it forwards partial sums of ranks r-1, ...,
       r-cp+1: s - n_r tokens): 2e [2 (s - n_{r+1}) + (s - n_r)]; equal chunks 6 (cp-1)
       b n kv hd itemsize, the ring's bytes in 3 collectives instead of 2 (cp-1) sends.
@@ -44,8 +47,12 @@ chunks to each key chunk (ring, allgather), skipping a tile whose every key come
 every query (causal). Chunk a against an earlier chunk c: every tile; against itself: the
 triangle, nt(nt+1)/2 tiles of nt = ceil(len/block); against a later one: none. Balanced,
 rank r's chunks r and 2cp-1-r see r + (2cp-1-r) = 2cp-1 earlier chunks whatever r is, so
-with equal tile counts per chunk every rank computes the same tiles; naive, rank r's
-chunks 2r, 2r+1 see 4r+1 earlier chunks. Unmasked scores per head and sequence: the sum
+every rank computes the same tiles ON CONDITION that every chunk spans as many tiles,
+ceil(len/block): always when `block` divides the chunk length s/(2cp). When s does not
+divide by 2cp and the longer chunks need one more tile, it fails, and by many tiles
+(s = 29, cp = 3, block = 2: 39, 57, 57); the score elements below stay balanced to
+within the uneven token (125, 155, 155). Naive, rank r's chunks 2r, 2r+1 see 4r+1
+earlier chunks. Unmasked scores per head and sequence: the sum
 over my positions p of (p + 1); contiguous (naive) with n = s/cp tokens per rank, rank
 cp-1 over rank 0 is ((2cp-1) n + 1)/(n + 1), to (2cp-1):1 for long sequences; balanced
 with 2cp dividing s: equal. Ulysses attends the whole sequence on h/cp heads: equal.
