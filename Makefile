@@ -14,6 +14,10 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS=1
 export OPENBLAS_NUM_THREADS=1
 export MKL_NUM_THREADS=1
+# Let Python keep its compiled modules (__pycache__): the tests start about a thousand Python
+# processes, and an environment that sets PYTHONDONTWRITEBYTECODE makes each one compile the
+# package from source again (an empty value is "not set" to Python).
+export PYTHONDONTWRITEBYTECODE =
 MPI_SIZES ?= 1 2 3 4 8
 # The serial tests in this many processes (pytest-xdist), a test file each at a time: many
 # of them start MPI jobs and wait on purpose (deadlocks, time-outs), and a second process
