@@ -20,7 +20,22 @@ their neighbours and hand them the answer at the end: 2 alpha + 2 M beta + M gam
 The model's choice (`cheapest`) and where it changes (`crossovers`) are what
 all_reduce(algorithm="auto") uses (minidist/comm/tuning.py).
 """
-from minidist.comm import chunk_bounds
+
+
+def chunk_bounds(n, size):
+    """Offsets [b0=0, b1, ..., b_size=n] of numpy.array_split(range(n), size): chunk c is
+    [b_c, b_c+1). The engine's rule (minidist.comm.chunk_bounds), stated again here so
+    that the planner imports nothing of the engine (no MPI: `python -m minidist.plan` is
+    arithmetic); tests/test_plan_cli.py holds the two equal."""
+    q, r = divmod(n, size)
+    return [c * q + min(c, r) for c in range(size + 1)]
+
+
+def chunk_len(n, size, c):
+    """Length of chunk c of chunk_bounds(n, size), without listing the bounds (a search
+    counts rings of thousands of ranks many times)."""
+    q, r = divmod(n, size)
+    return q + (c < r)
 
 
 def ring_all_reduce_sent(n, size, rank):
@@ -28,22 +43,18 @@ def ring_all_reduce_sent(n, size, rank):
     reduce-scatter, every chunk but its right neighbour's in the all-gather."""
     if size == 1:
         return 0
-    b = chunk_bounds(n, size)
-    mine, right = b[rank + 1] - b[rank], b[(rank + 1) % size + 1] - b[(rank + 1) % size]
+    mine, right = chunk_len(n, size, rank), chunk_len(n, size, (rank + 1) % size)
     return (n - mine) + (n - right)
 
 
 def ring_reduce_scatter_sent(rows, row, size, rank):
     """Elements sent to reduce-scatter `rows` rows of `row` elements: all but my chunk."""
-    b = chunk_bounds(rows, size)
-    return (rows - (b[rank + 1] - b[rank])) * row
+    return (rows - chunk_len(rows, size, rank)) * row
 
 
 def ring_all_gather_sent(rows, row, size, rank):
     """Elements sent to all-gather pieces of `rows` rows in all: all but my right neighbour's."""
-    b = chunk_bounds(rows, size)
-    nxt = (rank + 1) % size
-    return (rows - (b[nxt + 1] - b[nxt])) * row
+    return (rows - chunk_len(rows, size, (rank + 1) % size)) * row
 
 
 def ring_all_reduce_time(nbytes, size, alpha, beta, gamma=0.0):

@@ -54,7 +54,10 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            (Megatron does not overlap them in these runs)
   bubble   (p-1)/v of one micro-batch's time on a mean stage (fill and drain cross every
            stage): the 1F1B and interleaved bubbles of plan.pipeline (Narayanan et al.
-           2021, section 2.2)
+           2021, section 2.2). Stages of unequal layers (Layout.first_stage_layers,
+           last_stage_layers): compute is the busiest stage's m micro-batches (the
+           pipeline's pace), the bubble still the mean stage's (p-1)/v (the fill and the
+           drain pass through all L layers once)
   PP       the busiest stage's point-to-point sends of b s h (2 v m on a middle stage,
            (2v - 1) m on an end one), plus the 2 (p - 1) transfers of the fill and the
            drain, on the critical path; across nodes each of the t ranks sends 1/t
@@ -74,11 +77,13 @@ scatter/gather, the clipping norm's 8 bytes, stragglers, failures; with CP, the 
 a recomputed forward repeats and the transient buffers of one layer's exchange (all-gather:
 K, V of the whole sequence, 2 b s kv hd/t values).
 
-Memory (the most loaded GPU): model states by ZeRO stage and precision (plan.memory) of
-the stage's parameters; activations of the micro-batches in flight (first stage:
-plan.pipeline.in_flight), the embedding on the first stage, the head and its logits on
-the last; with CP each GPU keeps n = s/cp tokens' activations (the scores, when kept,
-5 a n s b/t: its queries against every key), the logits of n tokens, and model states
+Memory (the most loaded GPU, of the first, the second and the last stage): model states by
+ZeRO stage and precision (plan.memory) of the stage's parameters; activations of the
+micro-batches in flight on that stage (plan.pipeline.live_chunks: the first stage's is
+plan.pipeline.in_flight; with lighter end stages, Llama 3's 7-8-...-8-7, the second can
+hold more), the embedding on the first stage, the head and its logits on the last; with
+CP each GPU keeps n = s/cp tokens' activations (the scores, when kept, 5 a n s b/t: its
+queries against every key), the logits of n tokens, and model states
 sharded by ZeRO over dp x cp. Rank order is Megatron's: tp innermost, then cp, then dp,
 then pp (plan.layout); this engine's ProcessGrid orders tp, cp, pp, dp (pp before dp, kept
 from the earlier lessons), which changes only which link a group lands on, not the bytes
@@ -88,9 +93,9 @@ from dataclasses import dataclass, field
 
 from minidist.plan import flops as F
 from minidist.plan import step_bytes as SB
-from minidist.plan.layout import Layout, Model, legal, stage_layers
+from minidist.plan.layout import Layout, Model, layout_stages, legal
 from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, korthikanti_layer_bytes, model_state_bytes
-from minidist.plan.pipeline import bubble_fraction, in_flight
+from minidist.plan.pipeline import bubble_fraction, live_chunks
 
 ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
 LOGIT_BYTES = 6            # a logit in 16 bits plus its fp32 copy for the loss (this project's count)
@@ -131,6 +136,7 @@ class Estimate:
                 "micro_batch": lay.micro_batch,
                 "chunks": lay.chunks, "zero": lay.zero, "sequence_parallel": lay.sequence_parallel,
                 "recompute": lay.recompute, "precision": lay.precision,
+                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s, "tp_s": self.tp_s,
                 "cp_s": self.cp_s,
                 "pp_s": self.pp_s, "dp_s": self.dp_s, "bubble_s": self.bubble_s,
@@ -161,7 +167,7 @@ def estimate(model, cluster, layout):
     s, h, a, V, L = model.seq, model.hidden, model.heads, model.vocab, model.layers
     n = s // cp                                          # this GPU's tokens of each sequence
     m = model.global_batch // (d * b)
-    layers = stage_layers(L, p)
+    layers = layout_stages(model, lay)                  # first, middle, last may differ
     lines = []
 
     def note(quantity, formula, value):
@@ -279,7 +285,9 @@ def estimate(model, cluster, layout):
     model_flops, hw_flops = F.step_flops(model.global_batch, s, L, h, V, recompute=lay.recompute, **shape)
     n_gpu = cluster.gpus
 
-    # -- memory on the first and the last stage (the two ends), the larger one reported
+    # -- memory on the first, the second and the last stage, the largest reported (the
+    # second holds one micro-batch fewer in flight than the first, but with lighter end
+    # stages, Llama 3's, more layers: it can be the fullest)
     keep = activation_layer_bytes(n, b, h, a, t, lay.sequence_parallel, lay.recompute)
     if lay.recompute == "none":                          # the scores: n queries x s keys
         keep += (0 if lay.flash_attention else scores) - 5 * a * n * n * b / t
@@ -287,17 +295,14 @@ def estimate(model, cluster, layout):
 
     def stage_memory(i):
         states = model_state_bytes(params_stage[i], dc, lay.zero, lay.precision)
-        if i == 0:
-            flight = float(in_flight(p, m, v))
-        else:                                  # the last rank's warm-up, Megatron's count
-            flight = min(m, ((v - 1) * p + 1) / v) if p > 1 else 1
+        # micro-batches in flight on stage i (plan.pipeline.live_chunks, Megatron's warm-up)
+        flight = live_chunks("interleaved" if v > 1 else "1f1b", p, m, v, i) / v
         mem = dict(states, activations=flight * layers[i] * keep + work)
         if i == p - 1:
             mem["logits"] = b * n * V / t * LOGIT_BYTES
         return mem
 
-    ends = [stage_memory(0)] + ([stage_memory(p - 1)] if p > 1 else [])
-    memory = max(ends, key=lambda x: sum(x.values()))
+    memory = max((stage_memory(i) for i in kinds), key=lambda x: sum(x.values()))
     total = sum(memory.values())
     note("memory on the fullest GPU", "states + activations (+ logits) (bytes)", total)
     return Estimate(model, lay, g.name, step, compute_s, m * elem_mb, tp_s, cp_s, pp_s, dp_s, bubble_s, opt_s,

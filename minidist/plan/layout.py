@@ -4,10 +4,14 @@ and the rules a layout must keep to run at all (legal).
     python -c "from minidist.plan.layout import *; print(model_from_params(70e9))"
 
 cost.py estimates a legal layout; search.py enumerates them. Rules (legal): tp x cp x pp
-x dp is the GPU count; tp divides the heads and the key/value heads; pp divides the layers
-(or, Llama 3's layout, the layers + 2); dp x micro-batch divides the global batch;
-interleaving needs pp > 1, chunks dividing each stage's layers and micro-batches a
-multiple of pp; sequence parallelism needs tp > 1; context parallelism (cp > 1) needs the
+x dp is the GPU count; tp divides the heads and the key/value heads; the layers split over
+the pp stages (stage_layers: evenly, or Llama 3's one fewer on each end stage, or the first
+and last stage holding the layers the layout names, Megatron-LM's
+--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers, the stages
+between them an equal share of the rest); dp x micro-batch divides the global batch;
+interleaving needs pp > 1, chunks dividing the fullest stage's layers, every stage within
+one chunk of it, and micro-batches a multiple of pp; sequence parallelism needs tp > 1;
+context parallelism (cp > 1) needs the
 sequence cut into 2 cp equal chunks (Megatron's load-balanced layout: rank r holds chunks
 r and 2cp-1-r), and Ulysses the heads and key/value heads of a TP rank divisible by cp.
 
@@ -96,21 +100,47 @@ class Layout:
                                       # parameter, n buckets of >= n bytes (plan.step_bytes)
     cp: int = 1                       # context parallelism: each sequence cut over cp ranks
     cp_variant: str = "allgather"     # ring, ulysses or allgather (Llama 3's)
+    first_stage_layers: int = None    # layers on the first / last pipeline stage (None: the
+    last_stage_layers: int = None     # default split, stage_layers); the others share the rest
 
     @property
     def gpus(self):
         return self.tp * self.cp * self.pp * self.dp
 
 
-def stage_layers(L, p):
-    """Layers per pipeline stage: L/p each; or, Llama 3's layout (Grattafiori et al. 2024,
-    section 3.3.2), one fewer on the first and last stage when p divides L + 2; else None."""
-    if L % p == 0:
-        return [L // p] * p
-    if p > 2 and (L + 2) % p == 0:
-        k = (L + 2) // p
-        return [k - 1] + [k] * (p - 2) + [k - 1]
-    return None
+def stage_layers(L, p, first=None, last=None):
+    """Layers per pipeline stage, first to last, or None when they do not split so.
+
+    first, last None: L/p each; or, Llama 3's layout (Grattafiori et al. 2024, section
+    3.3.2), one fewer on the first and last stage when p divides L + 2. Given (Megatron-LM's
+    --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers), the first
+    and/or last stage holds that many layers (at least 1) and the stages left share the
+    rest equally, at least one each: stage_layers(126, 16, 6, 8) = [6] + [8] * 15. With
+    p = 1 the one stage holds all L."""
+    if first is None and last is None:
+        if L % p == 0:
+            return [L // p] * p
+        if p > 2 and (L + 2) % p == 0:
+            k = (L + 2) // p
+            return [k - 1] + [k] * (p - 2) + [k - 1]
+        return None
+    if p == 1:
+        return [L] if {first, last} <= {None, L} else None
+    given = [x for x in (first, last) if x is not None]
+    if min(given) < 1:
+        return None
+    rest, others = L - sum(given), p - len(given)
+    if others == 0:
+        return [first, last] if rest == 0 else None
+    if rest < others or rest % others:
+        return None
+    k = rest // others
+    return ([k] if first is None else [first]) + [k] * (p - 2) + ([k] if last is None else [last])
+
+
+def layout_stages(model, layout):
+    """Layers of each pipeline stage of a layout (stage_layers), or None."""
+    return stage_layers(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
 
 
 def legal(model, cluster, layout):
@@ -134,15 +164,23 @@ def legal(model, cluster, layout):
     if c > 1 and layout.cp_variant == "ulysses" and (model.heads // t % c or model.kv // t % c):
         return (f"Ulysses cp {c} does not divide the {model.heads // t} heads "
                 f"({model.kv // t} key/value heads) of a TP rank")
-    layers = stage_layers(model.layers, p)
+    layers = layout_stages(model, layout)
     if layers is None:
-        return (f"pp {p} does not divide the {model.layers} layers (nor {model.layers + 2}, Llama 3's "
-                "layout with one layer fewer on each end stage)")
+        if layout.first_stage_layers is None and layout.last_stage_layers is None:
+            return (f"pp {p} does not divide the {model.layers} layers (nor {model.layers + 2}, Llama 3's "
+                    "layout with one layer fewer on each end stage)")
+        ends = ", ".join(f"{name} stage {n}" for name, n in (("first", layout.first_stage_layers),
+                                                               ("last", layout.last_stage_layers))
+                         if n is not None)
+        return (f"the {model.layers} layers do not split over pp {p} with {ends} "
+                "(the other stages share the rest equally, at least 1 each)")
     if model.global_batch % (d * b):
         return f"dp x micro-batch = {d} x {b} does not divide the global batch {model.global_batch}"
     m = model.global_batch // (d * b)
-    if v > 1 and (p == 1 or max(layers) % v or m % p):
-        return f"{v} chunks need pp > 1, chunks dividing each stage's layers, micro-batches a multiple of pp"
+    top = max(layers)
+    if v > 1 and (p == 1 or top % v or min(layers) < top - top // v or m % p):
+        return (f"{v} chunks need pp > 1, chunks dividing the fullest stage's layers, every stage "
+                "within one chunk of it, micro-batches a multiple of pp")
     if layout.zero not in (0, 1, 2, 3):
         return f"ZeRO stage must be 0-3, not {layout.zero}"
     if layout.recompute not in RECOMPUTE:
