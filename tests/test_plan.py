@@ -337,3 +337,21 @@ def test_cli_cp_prints_one_layout(capsys):
     code, out = run(capsys, argv + ["--explain"])
     lines = out.out.splitlines()
     assert code == 0 and max(map(len, lines)) <= 100 and any("exposed CP" in line for line in lines)
+
+
+def test_activation_count_follows_model_shape():
+    """GPT-shaped models keep Korthikanti's count in the estimate (the published GPT rows do
+    not move); a Llama shape (SwiGLU, GQA, no dropout) is counted by its own tensors,
+    plan.memory.layer_activation_bytes, below GPT's 34sbh/t for 405B."""
+    from minidist.plan.memory import layer_activation_bytes
+    gpt = Model(48, 6144, 64, 51200, 2048, 4)
+    lay = Layout(8, 1, 1, 1, sequence_parallel=True, recompute="selective", precision="zero")
+    est = estimate(gpt, make_cluster("a100-80gb", 8), lay)
+    assert est.memory["activations"] == 48 * activation_layer_bytes(2048, 1, 6144, 64, 8, True, "selective")
+    llama = Model(16, 16384, 128, 128256, 8192, 8, ffn_hidden=53248, kv_heads=8, swiglu=True)
+    lay = Layout(8, 1, 1, 1, sequence_parallel=True, precision="megatron", flash_attention=True)
+    est = estimate(llama, make_cluster("h100-sxm", 8), lay)
+    per = layer_activation_bytes(8192, 1, 16384, 128, 8, True, ffn=53248, kv_heads=8, swiglu=True,
+                                 dropout=False, flash_attention=True)
+    assert est.memory["activations"] == pytest.approx(16 * per, rel=1e-12)
+    assert per < activation_layer_bytes(8192, 1, 16384, 128, 8, True, attention="blockwise")

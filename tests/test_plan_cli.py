@@ -15,7 +15,7 @@ from minidist.plan.__main__ import BUBBLE_BOUND, main
 from minidist.plan.cluster import make_cluster
 from minidist.plan.cost import estimate
 from minidist.plan.layout import Layout, Model, layout_stages, legal, stage_layers
-from minidist.plan.memory import activation_layer_bytes
+from minidist.plan.memory import layer_activation_bytes
 from minidist.plan.pipeline import live_chunks
 from minidist.plan.search import layouts, stage_splits
 
@@ -144,7 +144,8 @@ def test_uneven_stages_in_compute_and_memory():
     assert light_last.compute_s == pytest.approx(even_ish.compute_s, rel=1e-12)   # 8 layers busiest
     assert heavy_last.compute_s > even_ish.compute_s                              # 8 layers + the head
     assert even_ish.bubble_s == pytest.approx(heavy_last.bubble_s, rel=1e-3)     # the mean stage's
-    m, keep = 16, activation_layer_bytes(8192, 1, 16384, 128, 8, True, "selective")
+    m, keep = 16, layer_activation_bytes(8192, 1, 16384, 128, 8, True, "selective", ffn=53248,
+                                         kv_heads=8, swiglu=True, dropout=False)   # Llama's shape
     second = live_chunks("interleaved", 16, m, 4, 1) / 4 * 8 * keep
     first = live_chunks("interleaved", 16, m, 4, 0) / 4 * 7 * keep
     assert second > first and even_ish.bytes_stage == 1

@@ -78,7 +78,11 @@ a recomputed forward repeats and the transient buffers of one layer's exchange (
 K, V of the whole sequence, 2 b s kv hd/t values).
 
 Memory (the most loaded GPU, of the first, the second and the last stage): model states by
-ZeRO stage and precision (plan.memory) of the stage's parameters; activations of the
+ZeRO stage and precision (plan.memory) of the stage's parameters (Llama 3's FSDP is ZeRO 2,
+plan.memory.LLAMA3_FSDP_ZERO); per layer what the model's own shape keeps
+(plan.memory.layer_activation_bytes: Korthikanti et al.'s count for GPT's shape, the
+SwiGLU, grouped-query and dropout-free terms for Llama's; the elementwise time above keeps
+Korthikanti's GPT count as its proxy for HBM traffic); activations of the
 micro-batches in flight on that stage (plan.pipeline.live_chunks: the first stage's is
 plan.pipeline.in_flight; with lighter end stages, Llama 3's 7-8-...-8-7, the second can
 hold more), the embedding on the first stage, the head and its logits on the last; with
@@ -94,7 +98,8 @@ from dataclasses import dataclass, field
 from minidist.plan import flops as F
 from minidist.plan import step_bytes as SB
 from minidist.plan.layout import Layout, Model, layout_stages, legal
-from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, korthikanti_layer_bytes, model_state_bytes
+from minidist.plan.memory import (ACCOUNTING, korthikanti_layer_bytes, layer_activation_bytes,
+                                  model_state_bytes)
 from minidist.plan.pipeline import bubble_fraction, live_chunks
 
 ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
@@ -185,6 +190,11 @@ def estimate(model, cluster, layout):
     scores = 5 * a * n * s * b / t                       # the n x s arrays in that count
     saved = korthikanti_layer_bytes(n, b, h, a, t, lay.sequence_parallel) - 5 * a * n * n * b / t
     saved += 0 if lay.flash_attention else scores
+    # what one layer keeps, for the model's own shape (plan.memory.layer_activation_terms:
+    # GQA's K, V, SwiGLU's three f-wide tensors, no dropout masks where the model has none);
+    # GPT's shape gives Korthikanti's count above, to the flash kernel's log-sum-exp
+    act = dict(ffn=model.ffn, kv_heads=model.kv, swiglu=model.swiglu, dropout=model.has_dropout,
+               flash_attention=lay.flash_attention, keys=s)
     passes = 4 if lay.recompute == "full" else 3         # forward 1, backward 2, recomputed 1
     rerun = lay.recompute == "selective" and not lay.flash_attention
     elem_bytes = 2 * saved * passes + (2 * scores if rerun else 0)
@@ -288,10 +298,9 @@ def estimate(model, cluster, layout):
     # -- memory on the first, the second and the last stage, the largest reported (the
     # second holds one micro-batch fewer in flight than the first, but with lighter end
     # stages, Llama 3's, more layers: it can be the fullest)
-    keep = activation_layer_bytes(n, b, h, a, t, lay.sequence_parallel, lay.recompute)
-    if lay.recompute == "none":                          # the scores: n queries x s keys
-        keep += (0 if lay.flash_attention else scores) - 5 * a * n * n * b / t
-    work = saved if lay.recompute == "full" else 0.0     # one layer rebuilt in backward
+    keep = layer_activation_bytes(n, b, h, a, t, lay.sequence_parallel, lay.recompute, **act)
+    work = (layer_activation_bytes(n, b, h, a, t, lay.sequence_parallel, "none", **act)
+            if lay.recompute == "full" else 0.0)         # one layer rebuilt in backward
 
     def stage_memory(i):
         states = model_state_bytes(params_stage[i], dc, lay.zero, lay.precision)

@@ -35,7 +35,9 @@ from minidist.plan.memory import ACCOUNTING
 class Model:
     """A decoder-only transformer. global_batch in sequences. Defaults are GPT's: a 4h GELU
     MLP with biases, as many key/value heads as heads, learned positions, a tied head;
-    swiglu=True is Llama's: three MLP matrices, no biases, RMSNorm, RoPE, an untied head."""
+    swiglu=True is Llama's: three MLP matrices, no biases, RMSNorm, RoPE, an untied head.
+    dropout: None follows the shape (GPT's with dropout, as Korthikanti et al. count it;
+    Llama's without, as Llama 3 trains), or True / False (has_dropout)."""
     layers: int
     hidden: int
     heads: int
@@ -45,6 +47,13 @@ class Model:
     ffn_hidden: int = None
     kv_heads: int = None
     swiglu: bool = False
+    dropout: bool = None
+
+    @property
+    def has_dropout(self):
+        """Whether the layers drop out (and so keep masks for backward): dropout, or when
+        None, not swiglu (this project's default: GPT's shape with, Llama's without)."""
+        return (not self.swiglu) if self.dropout is None else bool(self.dropout)
 
     @property
     def ffn(self):

@@ -15,8 +15,12 @@ The paper's example, 7.5B parameters on 64 devices, fp16 with Adam (2 + 2 + 12):
 of its distributed optimizer).
 
 Activations per layer: Korthikanti et al. 2022 (arXiv 2205.05198) as the paper counts
-them (16-bit values, 1-byte dropout masks), and this engine's own array-by-array count
+them (16-bit values, 1-byte dropout masks); the same convention for the model's own shape
+(layer_activation_terms: SwiGLU, grouped-query attention, no dropout, flash attention),
+which the planner's cost model uses; and this engine's own array-by-array count
 (engine_layer_saves), which the activation meter must equal exactly.
+
+FSDP as Llama 3 ran it (section 3.3.2) is ZeRO stage 2: LLAMA3_FSDP_ZERO, below.
 """
 
 # bytes per parameter of (weights, gradients, optimizer state)
@@ -110,6 +114,114 @@ def activation_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="
     if recompute == "selective":
         return full - 5 * a * s * s * b / t
     return full
+
+
+# ------------------------------------------------------- activations, by the model's shape
+
+def layer_activation_terms(s, b, h, a, t=1, sequence_parallel=False, ffn=None, kv_heads=None,
+                           swiglu=False, dropout=True, flash_attention=False, keys=None):
+    """{term: bytes} one layer keeps for backward per tensor-parallel rank, in Korthikanti et
+    al.'s convention (arXiv 2205.05198, section 4.1: 16-bit activations, a 1-byte mask per
+    dropout, every tensor a backward reads counted once; layer-norm statistics and other
+    per-token scalars left out), for the model's own shape. keys: the keys each query
+    attends to (s; under context parallelism s tokens of keys for s/cp queries).
+
+    Their section 4.1 counts GPT's layer, 34sbh + 5as^2b at t = 1:
+      attention 11sbh + 5as^2b: the QKV input 2sbh, Q and K 4sbh, V 2sbh, the softmax
+      output 2as^2b, its dropout mask as^2b, the dropped-out probabilities 2as^2b (the
+      input of the product with V), the output projection's input 2sbh, the dropout mask
+      after it sbh; MLP 19sbh: its input 2sbh, the GELU's input 8sbh (4h wide), the second
+      matrix's input 8sbh, the dropout mask sbh; two layer norms' inputs 4sbh.
+    With tensor parallelism the layer norms' inputs, the two column layers' inputs and the
+    two dropout masks (10sbh) are whole on every rank and the rest is cut t ways
+    (10sbh + 24sbh/t + 5as^2b/t, their eq. 2); sequence parallelism cuts those too (34sbh/t
+    + 5as^2b/t, eq. 4). Those inputs are the same here, whatever the shape.
+
+    What this counts differently, term by term, where the model is not GPT's:
+      - K and V at kv_heads heads (grouped-query attention, Ainslie et al. 2023): 2 x 2sb
+        h_kv, h_kv = kv_heads h/a, for GPT's 4sbh (Q stays 2sbh);
+      - MLP of width f (ffn; GPT's 4h): GELU keeps its input and the second matrix's input,
+        2 x 2sbf; SwiGLU, down(silu(gate x) * up x), keeps gate's and up's outputs, 2 x
+        2sbf, and their product, down's input, 2sbf (silu(gate x) recomputed in backward,
+        as Megatron-LM's fused bias-SwiGLU does): 6sbf;
+      - dropout=False (Llama): no masks (the 2sbh after attention and MLP, the scores' as^2b)
+        and the softmax output is the product's input itself, 2as^2b in place of 5as^2b;
+      - flash_attention (Dao et al. 2022): no s x s arrays; the kernel keeps its output
+        (already the projection's input) and the rows' log-sum-exp, 4asb in fp32.
+    RMSNorm keeps its input as a layer norm does (2sbh each). With GPT's shape (f = 4h,
+    kv_heads = a, GELU, dropout) the terms add up to korthikanti_layer_bytes exactly.
+    """
+    f = 4 * h if ffn is None else ffn
+    h_kv = h if kv_heads is None else kv_heads * (h // a)
+    k = s if keys is None else keys
+    sbh = s * b * h
+    whole = t if sequence_parallel else 1          # the 10sbh whole on every rank without SP
+    d = 1 if dropout else 0
+    terms = {"norm inputs": 4 * sbh / whole,
+             "QKV input": 2 * sbh / whole,
+             "Q": 2 * sbh / t,
+             "K, V": 4 * s * b * h_kv / t,
+             "attention output (projection input)": 2 * sbh / t,
+             "attention dropout mask": d * sbh / whole,
+             "MLP input": 2 * sbh / whole,
+             "MLP dropout mask": d * sbh / whole}
+    if flash_attention:
+        terms["log-sum-exp (fp32)"] = 4 * a * s * b / t
+    else:
+        terms["scores (softmax output, masks)"] = (5 if dropout else 2) * a * s * k * b / t
+    if swiglu:
+        terms["gate, up outputs"] = 4 * s * b * f / t
+        terms["gate x up (down's input)"] = 2 * s * b * f / t
+    else:
+        terms["GELU input"] = 2 * s * b * f / t
+        terms["second matrix input"] = 2 * s * b * f / t
+    return terms
+
+
+def layer_activation_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none",
+                           ffn=None, kv_heads=None, swiglu=False, dropout=True,
+                           flash_attention=False, keys=None):
+    """Bytes one layer keeps for backward per tensor-parallel rank, for the model's shape:
+    layer_activation_terms added up ("none"); "selective" drops the s x s scores
+    (Korthikanti et al. 2022, section 5: the attention core is recomputed), "full" keeps the
+    layer's input, 2sbh (/t under sequence parallelism). GPT's shape gives
+    activation_layer_bytes' plain and (up to the log-sum-exp) blockwise counts."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    if recompute not in ("none", "selective"):
+        raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
+    terms = layer_activation_terms(s, b, h, a, t, sequence_parallel, ffn, kv_heads, swiglu,
+                                   dropout, flash_attention, keys)
+    if recompute == "selective":
+        terms.pop("scores (softmax output, masks)", None)
+    return sum(terms.values())
+
+
+# --------------------------------------------------------- FSDP as Llama 3 ran it
+
+FSDP_ZERO_STAGE = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
+LLAMA3_FSDP_ZERO = 2
+"""Llama 3's FSDP as a ZeRO stage. Grattafiori et al. 2024 (arXiv 2407.21783), section
+3.3.2: "Our use of FSDP for Llama 3 shards optimizer states and gradients, but for model
+shards we do not reshard after forward computation to avoid an extra all-gather
+communication during backward passes", and (Numerical stability) "we use FP32 gradient
+accumulation during backward computation over multiple micro-batches and also
+reduce-scatter gradients in FP32 across data parallel workers in FSDP". PyTorch's
+ShardingStrategy (torch/distributed/fsdp/api.py) names that behaviour SHARD_GRAD_OP:
+"Gradients and optimizer states are sharded during computation, and additionally,
+parameters are sharded outside computation ... unshards before the forward, does not
+reshard them after the forward, and only reshards them after the backward computation",
+ZeRO's stage 2 (Rajbhandari et al. 2020: P_os+g). So, at the step's peak (forward and
+backward): whole 16-bit weights of the GPU's stage, w Psi, and fp32 gradients and the
+optimizer's fp32 master, m and v cut over the data-parallel ranks, (g + K) Psi/N_d, with
+ACCOUNTING["megatron"] (2, 4, 12): model_state_bytes(psi, n_d, LLAMA3_FSDP_ZERO, "megatron").
+
+This project's reading, not the paper's words: gradients sharded through the step means
+each micro-batch's gradient is reduce-scattered and accumulated into the fp32 shard (as
+ZeRO-2 does; FSDP's no_sync() would keep whole gradients, which the paper's "shards ...
+gradients" rules out); the one FSDP unit's whole gradient before its reduce-scatter, and
+the sharded weights' 16-bit copy outside computation, are transients not counted.
+"""
 
 
 # ---------------------------------------------------------------------- activations, this engine
