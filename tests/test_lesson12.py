@@ -47,6 +47,20 @@ def test_lesson_12_walks_the_70b_and_prints_the_published_rows(tmp_path):
         assert abs(r["rel_error"] - (r["predicted"] / r["published"] - 1)) < 1e-12
         assert r["label"] in proc.stdout and f"{100 * r['rel_error']:+.1f}%" in proc.stdout
     assert f"mean |error| {report['published']['mean_abs_error']:.1%}" in proc.stdout
+    # issue 30: per row the source, the prediction, the in-sample and the held-out error; the
+    # held-out (leave-one-source-out) verdict first; the goals printed, met or not, never failed
+    pub = report["published"]
+    for r in rows:
+        assert r["source"] and r["predicted"] > 0 and isinstance(r["rel_error"], float)
+        assert r["loso_error"] is None or isinstance(r["loso_error"], float)
+    held = f"held out by source: mean |error| {pub['loso_mean_abs_error']:.1%}"
+    in_sample = f"in sample: mean |error| {pub['mean_abs_error']:.1%}"
+    assert held in proc.stdout and in_sample in proc.stdout
+    assert proc.stdout.index(held) < proc.stdout.index(in_sample)
+    assert "published" not in checks and set(report["figures"]["published_goals"]) == {"held_out", "in_sample"}
+    for goal in report["figures"]["published_goals"].values():
+        assert goal in (True, False)
+    assert proc.stdout.count(": not met") == list(report["figures"]["published_goals"].values()).count(False)
     # the report's path is the temporary folder's length, not the lesson's
     wide = [line for line in proc.stdout.splitlines() if len(line) > 100 and str(tmp_path) not in line]
     assert not wide, wide

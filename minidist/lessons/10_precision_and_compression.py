@@ -29,7 +29,7 @@ from minidist.lessons.harness import fmt_bytes, positive_float, positive_int, sa
 from minidist.lessons import precision_checks as checks
 
 COMPRESSORS = ("none", "fp16", "int8", "1bit", "powersgd")
-GOALS = {"bf16": 0.02, "fp16": 0.02, "1bit": 0.05, "powersgd": 0.05}   # issue 20's goals: gap to fp32
+GOALS = {"bf16": 0.02, "fp16": 0.02, "1bit": 0.05, "powersgd": 0.05}   # the course's goals: gap to fp32
 
 
 def build_parser():
@@ -182,7 +182,7 @@ def main(args):
         "   so on a CPU they cost time instead of saving it: lessons/10_precision_and_compression.md)")
     checks.print_memory(results, runs, world)
     goals = checks.goals(json_rows, runs, GOALS)
-    say("\ngoals (issue 20), measured:")
+    say("\ngoals, measured:")
     for line in goals:
         say(f"  {line}")
     say("")

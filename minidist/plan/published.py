@@ -1,6 +1,6 @@
 """Published training runs, and the planner's predictions of them.
 
-    python -c "from minidist.plan.published import compare, table; print(*table(compare()), sep='\\n')"
+    python -c "from minidist.plan.published import evaluate, table; print(*table(evaluate()), sep='\\n')"
 
 Each row is compared in the unit its paper reports, like with like:
   step_s            seconds per iteration (Korthikanti et al. 2022, arXiv 2205.05198,
@@ -14,6 +14,14 @@ Each row is compared in the unit its paper reports, like with like:
   mfu               model FLOPs utilisation (Grattafiori et al. 2024, arXiv 2407.21783, Llama 3,
                     Table 4, column "BF16 MFU"; H100 SXM, 8,192 and 16,384 GPUs at 8K tokens,
                     and the 128K stage with context parallelism 16 on 16,384 GPUs, 38%)
+  step_s            also Smith et al. 2022 (MT-NLG 530B, section 2.4: 60.1, 50.2, 44.4 s per
+                    iteration on 280, 350, 420 DGX A100s, batch 1920, TP 8 x PP 35; quoted by
+                    cli99/llm-analysis, the paper's text not in the stored corpus) and BLOOM's
+                    training log (bigscience-workshop/bigscience train/tr11-176B-ml: the slurm
+                    script's layout, chronicles.md's "elapsed time per iteration (s): 105.22")
+  tokens_s          tokens per second per GPU, no FLOP convention (MosaicML llm-foundry,
+                    scripts/train/benchmarking/README.md, "Throughput (T/s/GPU)", tables H100
+                    80GB BF16 and A100 80GB: the rows at sequence 2048 of the 7B-70B models)
 Details the tables do not give are said in each row's note: micro-batch size and
 interleaving for Korthikanti's rows are those of Calculon's validation inputs (Isaev et
 al. 2023, calculon-ai/calculon validation/*.json), which we could not confirm in the paper
@@ -23,12 +31,17 @@ inconsistent with its own 16,384 GPUs (TP 8 x CP 16 x PP 16 x DP 4 = 8,192) and 
 16M tokens per batch (DP 4 x 16 x 131,072 = 8.4M). DP 8 is the value consistent with both
 (8 x 16 x 16 x 8 = 16,384 GPUs; 8 x 16 x 131,072 = 16.8M tokens, 128 sequences), and the
 planner uses it: an inference from the table's other columns, not a printed figure.
-The efficiency constants of cluster.py are one number per GPU type, chosen once by one rule
-over that type's rows (the value, to 0.01, that minimises the worst error): one parameter
-per GPU type, never one per row (H100's 0.52 is fitted partly to the 128K row, whose DP
-is the inferred 8). held_out() asks what that costs: each row predicted with
-the constant the same rule picks from the *other* rows of its GPU type, so no row's own
-figure enters its prediction (leave-one-out cross-validation).
+
+Fitting and holding out. The efficiency constants of cluster.py are one number per GPU
+type, chosen once by one rule over that type's rows (fit(): the value, to 0.01, whose worst
+error is least, then the next worst): one parameter per GPU type, never one per row;
+fit_constants() recomputes them. leave_one_source_out() asks what that costs on a run the
+constants never saw: each source's rows are predicted with the constants the same rule picks
+from the rows of every OTHER source, so that neither a row's own figure nor its paper's
+habits (its FLOP convention, its cluster, its software) enter its prediction. A source whose
+GPU type no other source has (none today) is predicted from the other types' rows (an
+efficiency is a fraction of each GPU's own peak), and says so ("fit_on"); a table of one
+source alone cannot be held out and says that. evaluate() puts both errors on every row.
 """
 from dataclasses import dataclass
 
@@ -40,6 +53,35 @@ A100, H100 = "a100-80gb", "h100-sxm"
 K_SRC = "Korthikanti et al. 2022, Table 5"
 N_SRC = "Narayanan et al. 2021, Table 1"
 L_SRC = "Llama 3 (Grattafiori et al. 2024), Table 4"
+S_SRC = "Smith et al. 2022 (MT-NLG 530B), sec. 2.4"
+B_SRC = "BLOOM 176B training log (BigScience)"
+M_SRC = "MosaicML llm-foundry benchmarks"
+S_NOTE = ("the paper's figures as quoted by cli99/llm-analysis examples/megatron-turing-nlg (README: "
+          "batch 1920 on 280, 350, 420 DGX A100s, 60.1, 50.2, 44.4 s per iteration, 126, 121, 113 "
+          "TFLOP/s per GPU; run_train.sh: TP 8, PP 35) and, for the 280-node figures, by a reader "
+          "quoting NVIDIA's blog (LessWrong): the paper's own text is not in the stored corpus; vocabulary 50,272 from "
+          "llm-analysis's config; micro-batch 1, no interleaving, full recomputation and Narayanan's "
+          "accounting assumed (not given); the GPUs are A100s (40 GB per llm-analysis, 80 GB per "
+          "Microsoft's blog): the planner's A100 80GB, so only the memory column depends on which")
+B_NOTE = ("bigscience-workshop/bigscience train/tr11-176B-ml: tr11-176B-ml.slurm (48 nodes of 8 "
+          "A100 80GB, TP 4, PP 12, so DP 8; micro-batch 2, global batch 2048, L 70, h 14336, 112 "
+          "heads, s 2048, vocabulary padded to 250,880, --checkpoint-activations, bf16 with "
+          "DeepSpeed's BF16 optimizer, 'its own zero stage 1 equivalent', fp32 gradient "
+          "accumulation) and chronicles.md, 2022-03-18: 'elapsed time per iteration (s): 105.22' "
+          "at global batch 2048 (its TFLOP/s: 149.02); pipeline stages from "
+          "--pp-partition-method 'type:transformer|embedding', 70 layers + 2 embeddings over 12 "
+          "stages, the planner's Llama-3-style split (5, 6 x 10, 5); network: 4 Omni-Path 100 Gb/s "
+          "links per node (BLOOM paper, as summarised for Jean Zay), 6.25 GB/s per GPU")
+M_NOTE = ("scripts/train/benchmarking/README.md, tables 'H100 80GB BF16' and 'A100 80GB with 1600 "
+          "Gbps node-node interconnect (RoCE)', column 'Throughput (T/s/GPU)' (tokens per second per "
+          "GPU: no FLOP convention); the rows at sequence 2048 of the models of 7B and more (the "
+          "smaller ones need a matmul efficiency by GEMM shape, not modelled yet); shapes from "
+          "scripts/train/yamls/pretrain/mpt-{7b,13b,30b,70b}.yaml (d_model, n_heads, n_layers, "
+          "expansion ratio 4, vocabulary 50,368), matching the table's NumParams; FSDP FULL_SHARD "
+          "modelled as ZeRO-3 over all the GPUs, with the table's micro-batch, gradient "
+          "accumulation and activation checkpointing (as full recomputation); flash attention; "
+          "ALiBi and tied embeddings not modelled; the H100 table does not state its network: "
+          "DGX H100's 50 GB/s per GPU assumed; A100's 1600 Gb/s per node is 25 GB/s per GPU")
 K_NOTE = "micro-batch and interleaving from Calculon's inputs, not confirmed in the paper"
 N_NOTE = ("micro-batch 1 and no interleaving assumed: Table 1 gives neither; also today's Megatron "
           "assumed: 2-byte gradients, their reduction overlapped with the last backward")
@@ -66,8 +108,9 @@ class Row:
     gpus: int
     layout: Layout
     published: float
-    kind: str               # "step_s" | "mfu" | "tflops_hardware" | "tflops_model"
+    kind: str               # "step_s" | "mfu" | "tflops_hardware" | "tflops_model" | "tokens_s"
     note: str = ""
+    inter_bw: float = None  # the cluster's network, bytes/s per GPU, where the source gives it
 
 
 def _gpt(L, h, a, B):
@@ -117,13 +160,50 @@ def _llama3():
     return rows
 
 
-ROWS = _korthikanti() + _narayanan() + _llama3()
+def _mtnlg():
+    shape = Model(105, 20480, 128, 50272, 2048, 1920)
+    return [Row(S_SRC, f"530B on {8 * nodes}", shape, A100, 8 * nodes,
+                Layout(8, 35, 8 * nodes // 280, 1, recompute="full", precision="zero"), step, "step_s",
+                S_NOTE)
+            for nodes, step in ((280, 60.1), (350, 50.2), (420, 44.4))]
+
+
+def _bloom():
+    shape = Model(70, 14336, 112, 250880, 2048, 2048)
+    lay = Layout(4, 12, 8, 2, zero=1, recompute="full", precision="megatron")
+    return [Row(B_SRC, "176B on 384", shape, A100, 384, lay, 105.22, "step_s", B_NOTE, inter_bw=6.25e9)]
+
+
+def _mosaic():
+    shapes = {"7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56), "70b": (80, 8192, 64)}
+    table = [   # gpu, model, GPUs, micro-batch, grad. accum., activation checkpointing, tokens/s/GPU
+        (H100, "70b", 64, 8, 4, True, 1039), (H100, "70b", 32, 2, 16, True, 882),
+        (H100, "30b", 32, 14, 3, True, 2308), (H100, "30b", 16, 10, 3, True, 2263),
+        (H100, "30b", 8, 3, 21, True, 2002), (H100, "13b", 64, 2, 1, False, 4800),
+        (H100, "13b", 32, 2, 1, False, 4811), (H100, "13b", 16, 2, 1, False, 4767),
+        (H100, "13b", 8, 2, 1, False, 4792), (H100, "7b", 8, 6, 1, False, 10643),
+        (A100, "70b", 64, 8, 4, True, 410), (A100, "70b", 32, 2, 16, True, 373),
+        (A100, "30b", 8, 3, 21, True, 916), (A100, "13b", 8, 2, 3, False, 2262),
+        (A100, "7b", 8, 6, 2, False, 4641)]
+    rows = []
+    for gpu, name, n, b, ga, ac, tokens in table:
+        L, h, a = shapes[name]
+        lay = Layout(1, 1, n, b, zero=3, recompute="full" if ac else "none", precision="zero",
+                     flash_attention=True)
+        rows.append(Row(M_SRC, f"{name} on {n} {gpu[:4].upper()}", Model(L, h, a, 50368, 2048, n * b * ga),
+                        gpu, n, lay, tokens, "tokens_s", M_NOTE))
+    return rows
+
+
+ROWS = _korthikanti() + _narayanan() + _llama3() + _mtnlg() + _bloom() + _mosaic()
 
 
 def predict(row, gpu=None):
     """The planner's figure for a row, in the row's unit (gpu: another GPU of its type, e.g.
     with another efficiency)."""
-    est = estimate(row.model, make_cluster(row.gpu, row.gpus, gpu=gpu), row.layout)
+    est = estimate(row.model, make_cluster(row.gpu, row.gpus, gpu=gpu, inter_bw=row.inter_bw), row.layout)
+    if row.kind == "tokens_s":
+        return row.model.global_batch * row.model.seq / est.step_time_s / row.gpus, est
     return {"step_s": est.step_time_s, "mfu": est.mfu, "tflops_hardware": est.tflops_per_gpu_hardware,
             "tflops_model": est.tflops_per_gpu_model}[row.kind], est
 
@@ -145,36 +225,95 @@ def compare(rows=ROWS):
     return {"rows": out, "mean_abs_error": sum(errs) / len(errs), "worst_abs_error": max(errs)}
 
 
-def held_out(rows=ROWS, lo=0.40, hi=0.95):
-    """Leave-one-out: for each row whose GPU type has other rows, the efficiency (0.01 steps
-    in [lo, hi]) that minimises the worst error over the type's other rows, and this row's
-    error at it. {"rows": [{label, source, efficiency, rel_error}], mean and worst |error|}."""
-    grid = [round(lo + 0.01 * i, 2) for i in range(round((hi - lo) / 0.01) + 1)]
-    err = {}                                           # (row index, efficiency) -> error
-    for i, row in enumerate(rows):
-        for e in grid:
-            err[i, e] = predict(row, with_efficiency(GPUS[row.gpu], e))[0] / row.published - 1
+GRID = (0.40, 0.95)       # the efficiencies the rule tries, in steps of 0.01
+
+
+def _grid(lo, hi):
+    return [round(lo + 0.01 * i, 2) for i in range(round((hi - lo) / 0.01) + 1)]
+
+
+def _errors(rows, grid):
+    """{(row index, efficiency): relative error} with the row's GPU type at that efficiency."""
+    return {(i, e): predict(row, with_efficiency(GPUS[row.gpu], e))[0] / row.published - 1
+            for i, row in enumerate(rows) for e in grid}
+
+
+def fit(err, grid, idx):
+    """cluster.py's rule over the rows idx: the efficiency whose worst |error| is least; where
+    several share that worst (rows the constant cannot move, e.g. a step the planner finds
+    communication-bound), the one whose next-worst is least, and so on (the |errors| sorted
+    from the worst, compared in order, to 1e-6); the lower efficiency on a full tie."""
+    def key(e):
+        return sorted((round(abs(err[j, e]), 6) for j in idx), reverse=True), e
+    return min(grid, key=key)
+
+
+def fit_constants(rows=ROWS, lo=GRID[0], hi=GRID[1]):
+    """cluster.py's rule applied to every GPU type with rows: {gpu name: efficiency} (what
+    cluster.py's constants must equal; rerun after any change to the cost model)."""
+    grid = _grid(lo, hi)
+    err = _errors(rows, grid)
+    return {g: fit(err, grid, [j for j, r in enumerate(rows) if r.gpu == g])
+            for g in sorted({r.gpu for r in rows})}
+
+
+def leave_one_source_out(rows=ROWS, lo=GRID[0], hi=GRID[1]):
+    """Each source's rows predicted with constants fitted, by cluster.py's rule, to the rows of
+    every OTHER source: for a row of GPU type g, the efficiency that minimises the worst error
+    over the other sources' rows of type g. Where no other source has a row of type g, the
+    fit runs over the other sources' rows of every type (an efficiency is a fraction of each
+    GPU's own peak, so another type's constant carries over scaled by peak): the row's
+    "fit_on" says "other GPU types". Where no other source has any row, the row cannot be held
+    out: "rel_error" None, left out of the mean. {"rows": [{source, label, gpu, efficiency,
+    fit_on, rel_error}], "mean_abs_error", "worst_abs_error", "held": rows with an error}."""
+    grid = _grid(lo, hi)
+    err = _errors(rows, grid)
     out = []
     for i, row in enumerate(rows):
-        others = [j for j, r in enumerate(rows) if r.gpu == row.gpu and j != i]
-        if not others:
-            continue
-        best = min(grid, key=lambda e: (max(abs(err[j, e]) for j in others), e))
-        out.append({"label": row.label, "source": row.source, "efficiency": best, "rel_error": err[i, best]})
-    errs = [abs(r["rel_error"]) for r in out]
-    return {"rows": out, "mean_abs_error": sum(errs) / len(errs), "worst_abs_error": max(errs)}
+        others = [j for j, r in enumerate(rows) if r.source != row.source]
+        same = [j for j in others if rows[j].gpu == row.gpu]
+        idx, on = (same, row.gpu) if same else (others, "other GPU types")
+        best = fit(err, grid, idx) if idx else None
+        out.append({"source": row.source, "label": row.label, "gpu": row.gpu, "efficiency": best,
+                    "fit_on": on if idx else "cannot be held out",
+                    "rel_error": None if best is None else err[i, best]})
+    errs = [abs(r["rel_error"]) for r in out if r["rel_error"] is not None]
+    return {"rows": out, "mean_abs_error": sum(errs) / len(errs) if errs else None,
+            "worst_abs_error": max(errs) if errs else None, "held": len(errs)}
 
 
-UNITS = {"step_s": ("s", 1), "mfu": ("%", 100), "tflops_hardware": ("TF/s", 1), "tflops_model": ("TF/s", 1)}
+def evaluate(rows=ROWS):
+    """compare() with, on each row, its leave-one-source-out error and efficiency
+    ("loso_error", "loso_efficiency", "loso_fit_on"), and the out-of-sample mean and worst
+    ("loso_mean_abs_error", "loso_worst_abs_error")."""
+    result = compare(rows)
+    loso = leave_one_source_out(rows)
+    for r, h in zip(result["rows"], loso["rows"]):
+        r.update(loso_error=h["rel_error"], loso_efficiency=h["efficiency"], loso_fit_on=h["fit_on"])
+    result.update(loso_mean_abs_error=loso["mean_abs_error"], loso_worst_abs_error=loso["worst_abs_error"],
+                  sources=len({row.source for row in rows}))
+    return result
+
+
+UNITS = {"step_s": ("s", 1), "mfu": ("%", 100), "tflops_hardware": ("TF/s", 1), "tflops_model": ("TF/s", 1),
+         "tokens_s": ("tk/s", 1)}
 
 
 def table(result):
-    """The comparison as lines of at most 100 columns."""
-    lines = [f"{'source':<43}{'row':<21}{'predicted':>13}{'published':>13}{'error':>9}"]
+    """The comparison as lines of at most 100 columns; with evaluate()'s result, a last column
+    of the leave-one-source-out error ("held out")."""
+    loso = "loso_mean_abs_error" in result
+    lines = [f"{'source':<34}{'row':<17}{'predicted':>13}{'published':>13}{'error':>8}"
+             + (f"{'held out':>10}" if loso else "")]
     for r in result["rows"]:
         unit, k = UNITS[r["kind"]]
-        lines.append(f"{r['source']:<43}{r['label']:<21}{r['predicted'] * k:>8.2f} {unit:<4}"
-                     f"{r['published'] * k:>8.2f} {unit:<4}{100 * r['rel_error']:>+8.1f}%")
-    lines.append(f"mean |error| {100 * result['mean_abs_error']:.1f}%, "
+        held = r.get("loso_error")
+        lines.append(f"{r['source'][:33]:<34}{r['label']:<17}{r['predicted'] * k:>8.4g} {unit:<4}"
+                     f"{r['published'] * k:>8.4g} {unit:<4}{100 * r['rel_error']:>+7.1f}%"
+                     + (("" if held is None else f"{100 * held:>+9.1f}%") if loso else ""))
+    if loso:
+        lines.append(f"held out (leave-one-source-out): mean |error| {100 * result['loso_mean_abs_error']:.1f}%, "
+                     f"worst {100 * result['loso_worst_abs_error']:.1f}%")
+    lines.append(f"in sample: mean |error| {100 * result['mean_abs_error']:.1f}%, "
                  f"worst {100 * result['worst_abs_error']:.1f}% over {len(result['rows'])} rows")
     return lines
