@@ -98,27 +98,9 @@ def _all_gather_phase(comm, out, bounds):
 def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
     """Reduce x over all ranks and keep chunk `rank` of numpy.array_split(result, N, axis)."""
     x = np.asarray(x)
-    with stats.counting("reduce_scatter"), waiting("ring_reduce_scatter"):
-        if check:
-            exchange(comm, x, "ring_reduce_scatter", op=op, axis=axis)
-        else:
-            refuse(comm, x, "ring_reduce_scatter", op=op, axis=axis)
-        size, rank = comm.Get_size(), comm.Get_rank()
-        axis %= x.ndim
-        rows = np.moveaxis(x, axis, 0)               # split along the first axis...
-        src = _flat(rows)                             # ...so every chunk is contiguous
-        row = int(np.prod(rows.shape[1:], dtype=np.int64))
-        row_bounds = chunk_bounds(rows.shape[0], size)
-        bounds = [b * row for b in row_bounds]
-        longest = max(bounds[c + 1] - bounds[c] for c in range(size))
-        # two chunk-sized buffers, used in turn: what I send next is what I received last
-        bufs = [np.empty(longest, x.dtype), np.empty(longest if size > 2 else 0, x.dtype)]
-        mine = _reduce_scatter_phase(
-            comm, src, bounds, op, lambda step, c: bufs[step % 2][:bounds[c + 1] - bounds[c]])
-        if op == "avg":
-            finish_avg(mine, size)
-        chunk = mine.reshape((row_bounds[rank + 1] - row_bounds[rank],) + rows.shape[1:])
-        return np.asarray(np.moveaxis(chunk, 0, axis), order="C")
+    n = x.shape[axis % x.ndim] if x.ndim else 0
+    return _ring_reduce_scatter(comm, x, np.diff(chunk_bounds(n, comm.Get_size())), op, axis, check,
+                                "ring_reduce_scatter")
 
 
 def ring_reduce_scatter_v(comm, x, lengths, op="sum", axis=0, check=True):
@@ -126,25 +108,28 @@ def ring_reduce_scatter_v(comm, x, lengths, op="sum", axis=0, check=True):
     in rank order, any lengths that add up to x.shape[axis]: ring_reduce_scatter with the
     caller's cut instead of numpy.array_split's). Rank r sends every piece's partial sum but
     its own: (M - its piece's bytes), in N-1 steps. Counted under "reduce_scatter"."""
-    x = np.asarray(x)
-    with stats.counting("reduce_scatter"), waiting("ring_reduce_scatter_v"):
+    return _ring_reduce_scatter(comm, np.asarray(x), lengths, op, axis, check, "ring_reduce_scatter_v")
+
+
+def _ring_reduce_scatter(comm, x, lengths, op, axis, check, name):
+    """The ring reduce-scatter of both faces above: rank r keeps piece r, lengths[r] rows."""
+    with stats.counting("reduce_scatter"), waiting(name):
         if check:
-            exchange(comm, x, "ring_reduce_scatter_v", op=op, axis=axis)
+            exchange(comm, x, name, op=op, axis=axis)
         else:
-            refuse(comm, x, "ring_reduce_scatter_v", op=op, axis=axis)
+            refuse(comm, x, name, op=op, axis=axis)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
         lengths = [int(n) for n in lengths]
         if len(lengths) != size or sum(lengths) != x.shape[axis] or min(lengths) < 0:
-            raise ValueError(f"ring_reduce_scatter_v: lengths {lengths} must be {size} pieces "
+            raise ValueError(f"{name}: lengths {lengths} must be {size} pieces "
                              f"adding up to the {x.shape[axis]} rows along axis {axis}")
-        rows = np.moveaxis(x, axis, 0)
-        src = _flat(rows)
+        rows = np.moveaxis(x, axis, 0)               # split along the first axis...
+        src = _flat(rows)                             # ...so every chunk is contiguous
         row = int(np.prod(rows.shape[1:], dtype=np.int64))
-        bounds = [0]
-        for n in lengths:
-            bounds.append(bounds[-1] + n * row)
+        bounds = [int(b) * row for b in np.concatenate([[0], np.cumsum(lengths)])]
         longest = max(lengths) * row
+        # two chunk-sized buffers, used in turn: what I send next is what I received last
         bufs = [np.empty(longest, x.dtype), np.empty(longest if size > 2 else 0, x.dtype)]
         mine = _reduce_scatter_phase(
             comm, src, bounds, op, lambda step, c: bufs[step % 2][:bounds[c + 1] - bounds[c]])
