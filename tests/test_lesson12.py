@@ -47,7 +47,7 @@ def test_lesson_12_walks_the_70b_and_prints_the_published_rows(tmp_path):
         assert abs(r["rel_error"] - (r["predicted"] / r["published"] - 1)) < 1e-12
         assert r["label"] in proc.stdout and f"{100 * r['rel_error']:+.1f}%" in proc.stdout
     assert f"mean |error| {report['published']['mean_abs_error']:.1%}" in proc.stdout
-    # issue 30: per row the source, the prediction, the in-sample and the held-out error; the
+    # per row the source, the prediction, the in-sample and the held-out error; the
     # held-out (leave-one-source-out) verdict first; the goals printed, met or not, never failed
     pub = report["published"]
     for r in rows:

@@ -41,7 +41,7 @@ same expert (the dp_outer copies when world = dp_outer x ep; nobody when world =
 and divided by the number of data-parallel ranks, which makes it the gradient of the
 mean loss. Memory: each rank keeps E/ep of the expert weights, gradients and AdamW state.
 
-With tensor parallelism (issue 19, "composes"; tests/mpi/test_moe_tensor_parallel.py):
+With tensor parallelism (tests/mpi/test_moe_tensor_parallel.py):
 
     grid = ProcessGrid(tp=2)                                  # dp = world / 2
     model = TensorParallelGPT(GPT(cfg), grid.tp_comm)         # cfg.moe_groups = grid.dp

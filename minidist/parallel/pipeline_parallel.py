@@ -34,7 +34,7 @@ them. Layer norm, the embeddings and the tied head (x @ wte.T, reached through a
 transpose) stay whole in B: small next to the linears' GEMMs, which are most of W.
 `history` keeps the last steps' action times, for the lesson's medians.
 
-Mixture of experts (minidist/moe.py; issue 19). An MoE block sits inside a stage with
+Mixture of experts (minidist/moe.py). An MoE block sits inside a stage with
 its experts whole (no expert parallelism here). Each micro-batch's tokens are one
 routing group: the stage's MoE layers route with n_groups = 1, whatever the config's
 moe_groups, so the one-process run this equals is the same GPT with moe_groups = m (its

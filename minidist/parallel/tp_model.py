@@ -17,7 +17,7 @@ Each rank keeps the keys and values of its own heads (a KV cache of 1/t the size
 new token costs 2 all-reduces of b*h per layer, one for the embedding, and the two of
 b numbers that pick the token from the vocabulary-split logits.
 
-Mixture of experts (minidist/moe.py; with expert parallelism, issue 19's "composes"):
+Mixture of experts (minidist/moe.py, with expert parallelism):
 a block whose MLP is an MoEMLP keeps that MLP whole, not cut: plain tensor parallelism
 leaves ln_2's output whole on every rank of the group, so the router and the experts
 act on the same replicated activations there, every TP rank computes the same routing

@@ -1,4 +1,4 @@
-"""The planner against a time-scaled cluster on this machine (issue 22, validation 2).
+"""The planner against a time-scaled cluster on this machine.
 
     mpirun -n 8 python -m minidist.lessons.12_plan --measure
 
