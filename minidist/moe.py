@@ -7,18 +7,28 @@ tokens of one group (GShard's and Switch's "group": the unit capacity is counted
 
     logits = x @ W_router                       (T, E)   no bias
     probs  = softmax(logits)                    (T, E)   the gates
-    experts, keep = route(probs, top_k, capacity)        top-k, then capacity (NumPy, no gradient)
+    experts, keep = select(probs, top_k, capacity, policy)   top-k, then capacity (NumPy, no grad)
     w      = combine_weights(probs, ...)        (T, k)   top-2 renormalised (GShard), dropped -> 0
     y[t]   = sum_j w[t, j] * expert_{experts[t, j]}(x[t])
 
 - capacity per expert and group = ceil(tokens_in_group * top_k / E * capacity_factor)
   (Switch Transformer section 2, times top_k); None: dropless, every choice kept.
-- an expert over capacity keeps the choices with the highest probability for it, ties
-  by lower token index (Megatron's default); a dropped token gets 0 from that expert,
-  so with both choices dropped it passes through the block's residual only.
+- an expert over capacity drops choices by one of two policies (DROP_POLICIES):
+  "position" (the default, as the papers): GShard's order (Algorithm 1; DeepSpeed's
+  top2gating: locations2 += sum(mask1)): every token's first choice in token order, then
+  every second choice; for top-1 that is Switch's cumulative order. (DeepSpeed's
+  top1gating instead keeps a random capacity of the tokens: use_rts, on by default.)
+  "probs": Megatron-Core's --moe-token-drop-policy probs (moe_utils.py,
+  apply_router_token_dropping: a torch.topk over the tokens with no tie order); this
+  project ranks by the router probability for that expert, ties by lower token index.
+  A dropped token gets 0 from that expert, so with both choices dropped it passes
+  through the block's residual only.
 - load balancing (Switch section 2): alpha * E * sum_i f_i * P_i, f_i the fraction of
-  the group's routing choices (all k, before dropping) that picked expert i, P_i the
-  mean probability of expert i; it is alpha when routing is perfectly uniform.
+  the group's routing choices (all k, before dropping: Megatron's count; GShard and
+  DeepSpeed count first choices only) that picked expert i, P_i the mean probability
+  of expert i; it is alpha when routing is perfectly uniform.
+- under mixed precision the router's product runs in fp32 (RouterMatMul), as DeepSpeed's
+  TopKGate and Megatron's --moe-router-dtype fp32 do; the experts' products are 16-bit.
 - router z-loss (ST-MoE section 3): coef * mean over tokens of logsumexp(logits)^2.
 Both are per group; the layer's aux loss is their mean over groups, so that under
 expert parallelism (each rank's tokens one group) the data-parallel average of each
@@ -66,6 +76,8 @@ def route(probs, top_k, capacity):
     keep (T, top_k) bool: False where the choice was dropped. Each expert takes at most
         `capacity` choices, counting all k choices of all tokens, keeping the highest
         probabilities for it, ties by the lower token index. capacity None: all True.
+    This is the "probs" drop policy (Megatron-Core's, ranked as this project defines it);
+    route_by_position is the papers' "position" policy, the default of MoEMLP.
     """
     probs = numpy.asarray(probs)
     T, E = probs.shape
@@ -81,7 +93,48 @@ def route(probs, top_k, capacity):
         keep[tok[dropped], slot[dropped]] = False
     return experts, keep
 
-# ----------------------------------------------------------------------------- the two Functions MoE needs
+
+def route_by_position(probs, top_k, capacity):
+    """route's (experts, keep), with the "position" drop policy: each expert accepts choices
+    in GShard's order (Lepikhin et al. 2020, Algorithm 1; DeepSpeed's top2gating) until
+    it is full: first the first choices of tokens 0, 1, ..., T-1, then their second
+    choices. For top-1 it is Switch's cumulative order. Whether a token's first choice is
+    kept depends only on the tokens before it in the group; a second choice waits for
+    every first choice, later tokens' too. The experts come from route(probs, top_k, None).
+    """
+    experts, keep = route(probs, top_k, None)                # (T, k) each; keep all True
+    if capacity is None:
+        return experts, keep
+    slot_major = numpy.asarray(experts).T.ravel()            # slot 0 of every token, then slot 1
+    kept = numpy.ones(slot_major.shape, dtype=bool)
+    for e in numpy.unique(slot_major):
+        (where,) = numpy.nonzero(slot_major == e)            # in GShard's order
+        kept[where[capacity:]] = False
+    return experts, kept.reshape(top_k, -1).T.copy()
+
+
+DROP_POLICIES = ("position", "probs")
+
+
+def select(probs, top_k, capacity, policy="position"):
+    """(experts, keep) of one group under a drop policy: "position" (the papers' order,
+    route_by_position) or "probs" (the highest probabilities kept, route)."""
+    if policy == "position":
+        return route_by_position(probs, top_k, capacity)
+    if policy == "probs":
+        return route(probs, top_k, capacity)
+    raise ValueError(f"drop policy must be one of {DROP_POLICIES}, not {policy!r}")
+
+
+def set_drop_policy(model, policy):
+    """Set the drop policy of every MoE layer of `model` (a GPT); returns the model."""
+    if policy not in DROP_POLICIES:
+        raise ValueError(f"drop policy must be one of {DROP_POLICIES}, not {policy!r}")
+    for _, m in model.moe_layers():
+        m.drop_policy = policy
+    return model
+
+# ----------------------------------------------------------------------------- the Functions MoE needs
 
 
 class LogSumExp(Function):
@@ -118,6 +171,16 @@ class ScatterAddRows(Function):
         return grad[ctx.index]
 
 
+class RouterMatMul(ops.MatMul):
+    """The router's x @ W_r: MatMul's arithmetic, but not in the autocast rule's 16-bit list
+    (minidist/precision.py), so under mixed precision it multiplies in fp32 what it is
+    given. Why: the softmax and the top-k read these logits; rounded to 16 bits, near-ties
+    flip and routing changes (DeepSpeed's TopKGate casts its input and gate weight to
+    fp32; Megatron-Core offers --moe-router-dtype fp32). The weight holds the 16-bit value
+    MixedPrecision rounds every weight to, as Megatron's bf16 parameter does; DeepSpeed
+    keeps the gate's weight itself in fp32 (self.wg.float()), a step not taken here."""
+
+
 def logsumexp(x):
     return LogSumExp.apply(x)
 
@@ -130,7 +193,7 @@ def scatter_add_rows(rows, index, n_rows):
 
 def gates(x2d, router_weight):
     """x2d (T, C) Tensor, router_weight (C, E) -> (probs, logits), both (T, E) Tensors."""
-    logits = x2d @ router_weight                             # (T, E)
+    logits = RouterMatMul.apply(x2d, router_weight)          # (T, E), fp32 under mixed precision
     return ops.softmax(logits, axis=-1), logits
 
 
@@ -166,6 +229,10 @@ def balance_loss(probs, experts, n_expert, top_k, alpha=1.0):
     f_i: fraction of the group's T * top_k routing choices (before dropping) that chose
     expert i, a constant; P_i: mean of probs[:, i] over the group's tokens, differentiable.
     With alpha = 1 it is 1 for perfectly uniform routing (f_i = P_i = 1/E).
+    Counting all k choices over T k is Megatron-Core's (switch_load_balancing_loss_func,
+    tokens_per_expert from the whole top-k routing map); GShard (Algorithm 1, from mask1)
+    and DeepSpeed (top2gating: ce = mean(mask1)) count each token's first choice only,
+    over T. The two agree for top-1.
     """
     counts = numpy.bincount(numpy.asarray(experts).ravel(), minlength=n_expert)
     f = counts / (experts.shape[0] * top_k)                  # (E,)
@@ -212,6 +279,7 @@ class MoEMLP(Module):
         self.n_expert, self.top_k = E, config.top_k
         self.capacity_factor, self.n_groups = config.capacity_factor, config.moe_groups
         self.alpha, self.z_coef = config.moe_alpha, config.moe_z
+        self.drop_policy = "position"               # or "probs": set_drop_policy(model, ...)
         self.aux = None
 
     def expert(self, x_rows, e):
@@ -251,7 +319,7 @@ class MoEMLP(Module):
         E, k = self.n_expert, self.top_k
         probs, logits = gates(xg, self.router.weight)                  # (n, E) each
         capacity = expert_capacity(n, k, E, self.capacity_factor)
-        experts, keep = route(to_numpy(probs.data), k, capacity)       # (n, k) each, NumPy
+        experts, keep = select(to_numpy(probs.data), k, capacity, self.drop_policy)   # (n, k), NumPy
         w = combine_weights(probs, experts, keep, k)                   # (n, k)
         rows, where = [], []
         for e in range(E):

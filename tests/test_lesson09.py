@@ -26,10 +26,10 @@ def mpirun(n, flags, timeout=120):
 @pytest.mark.parametrize("n, flags, drops", [
     (4, [], None),                                              # the command: 8 experts, top-2
     (4, ["--top-k", "1", "--capacity-factor", "1.0"], True),    # Switch's top-1 at capacity 1.0: drops
-    (3, ["--experts", "6"], None),                              # an odd world size
+    (3, ["--experts", "6", "--drop-policy", "probs", "--pad-to-capacity"], None),   # odd world, padded
     (2, ["--top-k", "1", "--capacity-factor", "1.0"], True),
     (2, ["--capacity-factor", "none", "--moe-every", "1", "--z-loss", "0.001"], False),   # dropless
-], ids=["n4-default", "n4-top1-cf1", "n3-e6", "n2-top1-cf1", "n2-dropless"])
+], ids=["n4-default", "n4-top1-cf1", "n3-e6-probs-padded", "n2-top1-cf1", "n2-dropless"])
 def test_lesson_09_matches_one_process(tmp_path, n, flags, drops):
     out = tmp_path / "report.json"
     proc = mpirun(n, [*flags, "--json", str(out)])
@@ -40,6 +40,15 @@ def test_lesson_09_matches_one_process(tmp_path, n, flags, drops):
     f = report["figures"]
     assert f["a2a_bytes_measured"] == f["a2a_bytes_formula"] > 0, f
     assert report["comm"]["bytes_sent"] == report["comm"]["expected_bytes"]
+    par, n_embd, itemsize = report["parallel"], 64, 8
+    assert par["drop_policy"] == ("probs" if "probs" in flags else "position")
+    if par["pad_to_capacity"]:      # (N-1)/N x E x capacity x C x bytes, 4 all-to-alls per block and step
+        ep, E = par["ep"], par["experts"]
+        want = (ep - 1) * E // ep * f["capacity"] * n_embd * itemsize * 4 * len(report["moe_layers"])
+        assert f["a2a_bytes_measured"] == f["a2a_bytes_padded_formula"] == want * report["steps"], f
+        assert f["a2a_bytes_variable_formula"] < f["a2a_bytes_measured"], f
+    else:
+        assert f["a2a_bytes_padded_formula"] == -1 and f["a2a_bytes_variable_formula"] == f["a2a_bytes_formula"]
     # the load table: per step and MoE block, every routing choice is processed or dropped
     top_k, tokens = report["parallel"]["top_k"], f["tokens_per_step"]
     assert len(report["tokens_per_expert"]) == report["steps"] == len(report["dropped_tokens"])
@@ -66,6 +75,7 @@ def test_lesson_09_matches_one_process(tmp_path, n, flags, drops):
     (3, ["--capacity-factor", "-1.5"], "--capacity-factor -1.5: must be above 0"),
     (3, ["--ep", "2"], "--ep 2: the expert-parallel groups are carved out of the 3"),
     (4, ["--batch-size", "10"], "--batch-size 10 does not divide among 4 ranks"),
+    (2, ["--pad-to-capacity", "--capacity-factor", "none"], "--pad-to-capacity pads each expert's rows"),
 ])
 def test_bad_input_is_refused_once_with_exit_2(n, flags, message):
     proc = mpirun(n, flags)

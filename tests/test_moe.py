@@ -86,6 +86,49 @@ def test_capacity_counts_all_k_choices_by_probability_not_by_slot():
     assert keep.tolist() == [[True, True], [True, True], [True, False]]
     assert route(probs, 2, None)[1].all()
 
+
+def test_position_fills_every_first_choice_before_any_second_choice():
+    # GShard's order: expert 1 is token 0's second choice and tokens 1, 2's first; capacity
+    # 2 keeps the two first choices and drops token 0's second, though it comes first
+    probs = np.array([[0.45, 0.35, 0.2], [0.2, 0.5, 0.3], [0.1, 0.6, 0.3]])
+    experts, keep = moe.route_by_position(probs, 2, 2)
+    assert experts.tolist() == [[0, 1], [1, 2], [1, 2]]
+    assert keep.tolist() == [[True, False], [True, True], [True, True]]
+    # top-1: Switch's cumulative order, the first `capacity` tokens, whatever their probability
+    probs = np.array([[0.5, 0.5], [0.9, 0.1], [0.7, 0.3], [0.1, 0.9]])
+    assert moe.route_by_position(probs, 1, 2)[1][:, 0].tolist() == [True, True, False, True]
+    assert moe.route(probs, 1, 2)[1][:, 0].tolist() == [False, True, True, True]
+    assert moe.route_by_position(probs, 1, None)[1].all()
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_later_token_decides_an_earlier_drop_under_probs_only(top_k):
+    """Raise the last token's probability for token 0's expert: under probs it pushes token
+    0's first choice out (a later token decided an earlier one's fate: not causal in a
+    decoder); under position token 0 keeps its place."""
+    probs = np.array([[0.6, 0.3, 0.1], [0.7, 0.2, 0.1], [0.2, 0.1, 0.7]])
+    later = probs.copy()
+    later[2] = [0.8, 0.15, 0.05]
+    for policy, dropped_after in [("probs", True), ("position", False)]:
+        before = moe.select(probs, top_k, 2, policy)[1]
+        after = moe.select(later, top_k, 2, policy)[1]
+        assert before[0, 0] and after[0, 0] != dropped_after, policy
+    with pytest.raises(ValueError, match="drop policy must be one of"):
+        moe.select(probs, 1, 2, "random")
+
+
+def test_the_router_multiplies_in_fp32_under_mixed_precision():
+    from minidist.precision import autocast      # fp16: NumPy's own, no ml_dtypes to import
+    g = np.random.default_rng(3)
+    x = Tensor(g.normal(size=(16, 32)).astype(np.float32))
+    w = Tensor(g.normal(size=(32, 8)).astype(np.float16).astype(np.float32), requires_grad=True)
+    with autocast("fp16"):
+        probs, logits = moe.gates(x, w)
+        rounded = (x @ w).data                      # a plain MatMul: 16-bit inputs and output
+    np.testing.assert_array_equal(logits.data, x.data @ w.data)
+    assert np.abs(rounded - logits.data).max() > 1e-4            # so the test can fail
+    assert logits.data.dtype == np.float32
+
 # ----------------------------------------------------------------------------- the layer
 
 
@@ -111,8 +154,13 @@ X_HAND = np.array([[[3.0, 0.0], [2.0, 0.0]],
                    [[1.0, 0.0], [1.5, 0.0]]])
 
 
-def test_one_group_and_two_groups_route_differently_when_capacity_binds():
+@pytest.mark.parametrize("policy, two_groups", [
+    ("probs", [[False, True], [True, False]]),        # each row keeps its own strongest token
+    ("position", [[False, True], [False, True]]),     # each row keeps its own first token
+])
+def test_one_group_and_two_groups_route_differently_when_capacity_binds(policy, two_groups):
     layer = hand_layer()
+    layer.drop_policy = policy
     with no_grad():
         y1 = layer(Tensor(X_HAND), n_groups=1).data
         assert layer.aux["dropped"] == 2 and layer.aux["tokens_per_expert"].tolist() == [2, 0]
@@ -120,10 +168,10 @@ def test_one_group_and_two_groups_route_differently_when_capacity_binds():
         assert layer.aux["dropped"] == 2 and layer.aux["tokens_per_expert"].tolist() == [2, 0]
     zero1 = (y1 == 0).all(axis=-1)          # which tokens got nothing: dropped, residual only
     zero2 = (y2 == 0).all(axis=-1)
-    # one group of 4, capacity 2: expert 0 keeps the two strongest, both in batch row 0
+    # one group of 4, capacity 2: expert 0 keeps the two strongest, also the first two, row 0
     assert zero1.tolist() == [[False, False], [True, True]]
-    # two groups of 2, capacity 1 each: each row keeps its own strongest token
-    assert zero2.tolist() == [[False, True], [True, False]]
+    # two groups of 2, capacity 1 each
+    assert zero2.tolist() == two_groups
 
 
 def test_dropless_drops_nothing_and_groups_then_change_nothing():
@@ -261,7 +309,7 @@ def test_which_blocks_are_moe():
     std = names["transformer.h.1.mlp.c_fc.weight"].data.std()
     assert 0.015 < std < 0.025, f"experts drawn like the dense MLP, N(0, 0.02): std {std}"
     again = dict(GPT(cfg).named_parameters())
-    assert all(np.array_equal(p.data, again[n].data) for n, p in names.items()), "the seed fixes every bit"
+    assert all(np.array_equal(p.data, again[n].data) for n, p in names.items()), "one random seed fixes every bit"
 
 
 def test_n_expert_zero_is_the_dense_model_bit_for_bit():

@@ -7,8 +7,9 @@ back with all-to-all. The run must equal one process routing the same groups.
     mpirun -n 4 python -m minidist.lessons.09_moe --top-k 1 --capacity-factor 1.0
     mpirun -n 3 python -m minidist.lessons.09_moe --experts 6 --capacity-factor none
     mpirun -n 4 python -m minidist.lessons.09_moe --ep 2 --moe-every 1
+    mpirun -n 4 python -m minidist.lessons.09_moe --drop-policy probs --pad-to-capacity
 
-Every rank builds the same MoE GPT (minidist/moe.py) from the seed and keeps E/ep experts
+Every rank builds the same MoE GPT (minidist/moe.py) from --seed and keeps E/ep experts
 of each MoE layer (minidist/parallel/expert_parallel.py); each rank's rows of the global
 batch are one routing group, so the single-process reference trains the whole batch with
 moe_groups = the number of ranks. Compared: the loss of every step (cross-entropy plus
@@ -17,7 +18,8 @@ ranks, each expert's over the ranks that hold it; before clipping and AdamW) aga
 reference's, each rank's expert slice against the same slice, and the weights. Printed:
 the expert load table per step (tokens each expert processed, summed over ranks, and the
 dropped choices) beside the reference's, the all-to-all bytes each rank sent measured
-beside 2 x (rows out + rows in) x C x bytes, parameters in total and active per token,
+beside 2 x (rows out + rows in) x C x bytes (with --pad-to-capacity: beside 4 x (N-1)/N
+x E x capacity x C x bytes per MoE block), parameters in total and active per token,
 and FLOPs per token (6N + 12LHQT, N the active parameters) beside dense models.
 """
 import argparse
@@ -30,10 +32,10 @@ from minidist.comm import stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
-from minidist.moe import expert_capacity
+from minidist.moe import DROP_POLICIES, expert_capacity, set_drop_policy
 from minidist.parallel.expert_parallel import expert_parallel
 from minidist.plan.flops import flops_per_token
-from minidist.plan.traffic import moe_bytes, moe_sent
+from minidist.plan.traffic import moe_bytes, moe_padded_sent, moe_sent
 from minidist.train import TrainConfig
 
 A2A = "all_to_all"          # the counter the dispatch and combine rows are counted under
@@ -65,7 +67,7 @@ def check_input(args, cfg, world):
         fix["--experts"] = experts = max(ep, round(experts / ep) * ep)
     if k not in (1, 2) or k > experts:
         fix["--top-k"] = min(2, experts)
-    if cf is not None and cf <= 0:
+    if (cf is not None and cf <= 0) or (cf is None and args.pad_to_capacity):
         fix["--capacity-factor"] = 1.25
     if args.moe_every > cfg.n_layer:
         fix["--moe-every"] = cfg.n_layer
@@ -79,6 +81,8 @@ def check_input(args, cfg, world):
     harness.need(k in (1, 2), f"--top-k {k}: this MoE routes each token to 1 expert (Switch) or 2 (GShard)" + works)
     harness.need(k <= experts, f"--top-k {k} is more than the {experts} experts: a token cannot pick more "
                                f"experts than there are" + works)
+    harness.need(cf is not None or not args.pad_to_capacity, "--pad-to-capacity pads each expert's rows to its "
+                 "capacity: --capacity-factor none (dropless) has none" + works)
     harness.need("--capacity-factor" not in fix, f"--capacity-factor {cf if cf is None else f'{cf:g}'}: must be "
                                                  f"above 0 (1.0 to 1.25 as in Switch), or none for dropless" + works)
     harness.need("--moe-every" not in fix, f"--moe-every {args.moe_every} with {cfg.n_layer} layers makes no "
@@ -89,11 +93,11 @@ def check_input(args, cfg, world):
 
 
 def make_run(args, cfg):
-    """A fresh model from the seed, its optimizer, and the schedule (optimizer built after
+    """A fresh model from --seed, its optimizer, and the schedule (optimizer built after
     any change to the model's parameters: expert parallelism makes new ones)."""
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    return GPT(cfg, seed=args.seed), tc
+    return set_drop_policy(GPT(cfg, seed=args.seed), args.drop_policy), tc
 
 
 def optimizer(model, tc):
@@ -197,6 +201,14 @@ def main(args):
     say("        capacity " + (f"factor {cfg.capacity_factor:g}: ceil({group} x {cfg.top_k} / {E} x "
                                 f"{cfg.capacity_factor:g}) = {cap} choices per expert and group"
                                 if cap is not None else "none: dropless, every choice kept"))
+    if cap is not None:
+        say("        drop policy " + ("position: GShard's order, every first choice in token order, then every\n"
+                                     "        second choice (Switch's cumulative order for top-1)"
+                                     if args.drop_policy == "position" else
+                                     "probs: each expert keeps its highest router probabilities, ties to the\n"
+                                     "        lower token index (Megatron-Core's --moe-token-drop-policy probs)"))
+    say("        all-to-all " + ("padded: every expert's rows padded to the capacity, a fixed (E, capacity, C)"
+                                 if args.pad_to_capacity else "variable size: the kept rows only"))
     say(f"        balance loss alpha {cfg.moe_alpha:g} x E x sum f_i P_i, z-loss {cfg.moe_z:g}")
     say(f"batch   global {args.batch_size} sequences = {harness.ranks(world)} x {per_rank_rows}: each rank's "
         f"{group} tokens one routing group")
@@ -206,7 +218,7 @@ def main(args):
     # --- the expert-parallel run: the same full model on every rank, then each keeps its experts
     model, tc = make_run(args, cfg)
     ep_comm = comm.Split(color=rank // ep, key=rank)          # ranks [g ep, (g+1) ep): one group of experts
-    dp = expert_parallel(model, ep_comm, comm)
+    dp = expert_parallel(model, ep_comm, comm, pad_to_capacity=args.pad_to_capacity)
     opt = optimizer(model, tc)
     log = record(model)
     losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, 1, dp)
@@ -264,22 +276,35 @@ def main(args):
     all_meas = comm.allgather(a2a_steps)
     all_form = comm.allgather(formula)
     all_rows = comm.allgather((outs, ins))
-    say(f"\nall-to-all bytes per step, per rank ({len(moe_blocks)} MoE block{'s' * (len(moe_blocks) > 1)} x 4 "
-        f"all-to-alls: dispatch and combine,\nforward and backward): measured beside "
+    nb = len(moe_blocks)
+    padded = 4 * nb * moe_padded_sent(E, cap, cfg.n_embd, ep, item) if args.pad_to_capacity else None
+    say(f"\nall-to-all bytes per step, per rank ({nb} MoE block{'s' * (nb > 1)} x 4 "
+        f"all-to-alls: dispatch and combine,\nforward and backward). Variable size: "
         f"2 x (rows out + rows in) x C x {item} B, rows out = my tokens'\n"
         f"kept choices for other ranks' experts, rows in = theirs for mine")
+    if padded is not None:
+        say(f"Padded (sent here): 4 x (N-1)/N x E x capacity x C x {item} B per block = 4 x {ep - 1}/{ep} x {E} "
+            f"x {cap} x {cfg.n_embd} x {item}\n  x {nb} = {padded:,} B, whatever the routing")
     table = []
     for s in range(args.steps):
         for r in range(world):
             o, n_in = all_rows[r][0][s], all_rows[r][1][s]
-            m, f = all_meas[r][s], all_form[r][s]
-            table.append([s, r, o, n_in, f"{m:,}", f"{f:,}", "equal" if m == f else "DIFFERS"])
-    harness.table(table, header=["step", "rank", "rows out", "rows in", "measured B", "formula B", ""])
+            m, f = all_meas[r][s], all_form[r][s] if padded is None else padded
+            var = [] if padded is None else [f"{all_form[r][s]:,}"]
+            table.append([s, r, o, n_in, *var, f"{m:,}", f"{f:,}", "equal" if m == f else "DIFFERS"])
+    harness.table(table, header=["step", "rank", "rows out", "rows in", *(["variable B"] if padded else []),
+                                 "measured B", "padded B" if padded else "formula B", ""])
+    variable_total = max(sum(f) for f in all_form)
+    if padded is not None:
+        all_form = [[padded] * args.steps for _ in range(world)]
     a2a_equal = all(all_meas[r][s] == all_form[r][s] for r in range(world) for s in range(args.steps))
     meas_total = max(sum(m) for m in all_meas)
     form_total = max(sum(f) for f in all_form)
     say(f"  over the run, the busiest rank: measured {meas_total:,} B, formula {form_total:,} B"
         + ("  equal" if meas_total == form_total and a2a_equal else "  DIFFERS"))
+    if padded is not None and variable_total:
+        say(f"  the variable-size dispatch would have sent {variable_total:,} B: padding costs "
+            f"{meas_total / variable_total:.2f}x")
     say(f"  uniform routing would send about 4 k (N-1)/N x {group} tokens x C x {item} B = "
         f"{fmt_bytes(moe_bytes(group, cfg.top_k, cfg.n_embd, ep, item) * len(moe_blocks))} per rank and step")
 
@@ -289,7 +314,6 @@ def main(args):
     fpt = lambda n: flops_per_token(L, H, cfg.n_embd // H, T, n)   # noqa: E731  6N + 12LHQT
     dense_active = active - router
     held = sum(p.size for p in model.parameters()) - model.transformer.wpe.weight.size
-    nb = len(moe_blocks)
     say("\nparameters (the position table left out, as lesson 00 counts N)")
     say(f"  total             {total:>10,}  every expert: {nb} MoE block{'s' * (nb > 1)} x {E} experts x {one:,}")
     say(f"  active per token  {active:>10,}  dense + routers ({router:,}) + {cfg.top_k} expert{'s' * (cfg.top_k > 1)}"
@@ -309,6 +333,8 @@ def main(args):
     match = bool(rel <= tol and a2a_equal and loads_same)
     tpe = [[[int(v) for v in par_loads[s][i][0]] for i in moe_blocks] for s in range(args.steps)]
     figures = {"a2a_bytes_measured": meas_total, "a2a_bytes_formula": form_total,
+               "a2a_bytes_variable_formula": variable_total,
+               "a2a_bytes_padded_formula": padded * args.steps if padded is not None else -1,
                "dropped_tokens_total": sum(map(sum, dropped)), "tokens_per_step": tokens,
                "routed_choices_per_step_and_layer": cfg.top_k * tokens, "capacity": cap if cap is not None else -1,
                "params_total": total, "params_active_per_token": active, "params_per_rank": int(
@@ -317,7 +343,8 @@ def main(args):
                "flops_per_token_dense_same_total": fpt(total)}
     report = harness.new_report(
         "09_moe", args, parallel={"dp": world, "ep": ep, "tp": 1, "pp": 1, "experts": E, "top_k": cfg.top_k,
-                                  "capacity_factor": cfg.capacity_factor, "moe_every": cfg.moe_every},
+                                  "capacity_factor": cfg.capacity_factor, "moe_every": cfg.moe_every,
+                                  "drop_policy": args.drop_policy, "pad_to_capacity": args.pad_to_capacity},
         match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
         losses={"reference": ref_losses, "parallel": losses},
         comm={"bytes_sent": {A2A: max(m[0] for m in all_meas)}, "expected_bytes": {A2A: max(f[0] for f in all_form)}},
@@ -345,6 +372,12 @@ def build_parser():
                    help="every k-th block is an MoE block (default 2: blocks 1, 3, ...)")
     g.add_argument("--alpha", type=harness.nonnegative_float, default=0.01, help="balance loss coefficient (0.01)")
     g.add_argument("--z-loss", type=harness.nonnegative_float, default=0.0, help="router z-loss coefficient (0)")
+    g.add_argument("--drop-policy", choices=DROP_POLICIES, default="position",
+                   help="which choices an expert over capacity drops: position (GShard's order, the "
+                        "default) or probs (the lowest probabilities, Megatron-Core's)")
+    g.add_argument("--pad-to-capacity", action="store_true",
+                   help="send every expert's rows padded to the capacity (GShard, DeepSpeed-MoE): "
+                        "fixed bytes")
     g.add_argument("--ep", type=harness.positive_int, default=None,
                    help="expert-parallel group size (default: every rank); it must divide the ranks")
     common.add_step_flags(p)

@@ -13,7 +13,7 @@ same global batch, routes every token identically: that is what the tests compar
 
 One MoE layer, on rank r with n local tokens x (n, C):
 
-    router (replicated)   probs, experts, keep = gates + route(one group)
+    router (replicated)   probs, experts, keep = gates + select(one group, drop policy)
     dispatch all-to-all   each kept (token, choice) row goes to its expert's owner,
                           ordered by expert, then token, then choice
     experts               the owner runs each of its experts on the rows it received
@@ -32,6 +32,14 @@ Bytes each rank sends per MoE layer per step (counted under "all_to_all"; C the 
     combine fwd + dispatch bwd   2 x (rows I get from other ranks)      x C x itemsize
 
 ExpertParallelMoE.comm_bytes holds both, measured and by this formula, for every call.
+
+pad_to_capacity=True sends what GShard, DeepSpeed-MoE and Megatron-Core with
+--moe-pad-expert-input-to-capacity send: each expert's slice of the buffer padded with
+zero rows to `capacity`, an (E, capacity, C) buffer of which (ep-1)/ep leaves the rank,
+whatever the routing (plan.traffic.moe_padded_sent, per all-to-all). The counts still
+go first here, so that the owner runs its experts on the real rows only (this project's
+choice; GShard's experts compute the zero rows too, and their combine weight of 0 drops
+them). Needs a capacity (not dropless).
 
 Gradients: the dense parameters (the router included) are averaged over every
 data-parallel rank, as plain data parallelism does. An expert's gradient already holds
@@ -82,7 +90,7 @@ from minidist import ops
 from minidist.backend import to_numpy, xp
 from minidist.comm import all_reduce, all_to_all_v, stats
 from minidist.moe import (MoEMLP, StackedLinear, balance_loss, combine_weights, expert_capacity,
-                          expert_mlp, gates, route, scatter_add_rows, z_loss)
+                          expert_mlp, gates, scatter_add_rows, select, z_loss)
 from minidist.nn import Parameter
 from minidist.parallel.data_parallel import average_gradients
 from minidist.tensor import Function, Tensor
@@ -90,40 +98,67 @@ from minidist.tensor import Function, Tensor
 # ----------------------------------------------------------------------------- the all-to-all Function
 
 
-def _exchange(comm, rows, send_counts, log, what):
-    """all_to_all_v of the (m, C) rows, cut in len(send_counts) consecutive chunks; the
-    received chunks joined in rank order. Logs the bytes sent, measured and by formula."""
-    bounds = numpy.concatenate([[0], numpy.cumsum(send_counts)]).astype(int)
+def _exchange(comm, rows, send_counts, recv_counts, log, what, pad=None):
+    """all_to_all_v of the (m, C) rows: send_counts (ranks, experts per rank) cuts them in
+    consecutive chunks, rank by rank and within a rank expert by expert; the received
+    chunks are joined in rank order. pad: every expert's block is sent padded with zero
+    rows to `pad` rows and the padding dropped on arrival (recv_counts says where).
+    Logs the bytes sent, measured and by formula."""
+    send_counts, recv_counts = numpy.asarray(send_counts), numpy.asarray(recv_counts)
+    bounds = numpy.concatenate([[0], numpy.cumsum(send_counts.sum(1))]).astype(int)
     rank = comm.Get_rank()
     chunks = [to_numpy(rows[bounds[j]:bounds[j + 1]]) for j in range(comm.Get_size())]
+    if pad is not None:
+        chunks = [_pad(c, counts, pad) for c, counts in zip(chunks, send_counts)]
     with stats.measure() as m:
         got = all_to_all_v(comm, chunks)
+    if pad is not None:
+        got = [_unpad(g, counts, pad) for g, counts in zip(got, recv_counts)]
     formula = sum(c.nbytes for j, c in enumerate(chunks) if j != rank)
     log.append((what, m.bytes_sent("all_to_all"), formula))
     return xp.asarray(numpy.concatenate(got, axis=0))
 
 
+def _pad(chunk, counts, pad):
+    """chunk: counts[0] rows for the first expert, counts[1] for the next, ... -> each
+    block followed by zero rows up to `pad`: (len(counts) x pad, C)."""
+    out = numpy.zeros((len(counts) * pad,) + chunk.shape[1:], chunk.dtype)
+    at = 0
+    for i, c in enumerate(counts):
+        out[i * pad:i * pad + c] = chunk[at:at + c]
+        at += c
+    return out
+
+
+def _unpad(chunk, counts, pad):
+    """The inverse of _pad: the first counts[i] rows of every block of `pad` rows."""
+    return numpy.concatenate([chunk[i * pad:i * pad + c] for i, c in enumerate(counts)], axis=0)
+
+
 class AllToAllRows(Function):
     """all_to_all_v forward, the reverse all_to_all_v backward.
 
-    forward: rows (m, C), the first send_counts[0] for rank 0, the next send_counts[1]
-    for rank 1, ...; returns the rows received, rank 0's first: (sum(recv_counts), C).
+    forward: rows (m, C), the first send_counts[0].sum() for rank 0, the next
+    send_counts[1].sum() for rank 1, ... (send_counts (ranks, experts per rank)); returns
+    the rows received, rank 0's first: (recv_counts.sum(), C). pad: see _exchange.
     backward: the gradient of each received row goes back to the rank that sent it, which
     puts it where the row came from: the same exchange with the counts swapped.
     """
     @staticmethod
-    def forward(ctx, rows, comm, send_counts, recv_counts, log, name):
-        ctx.comm, ctx.recv_counts, ctx.log, ctx.name = comm, recv_counts, log, name
-        return _exchange(comm, rows, send_counts, log, f"{name} forward")
+    def forward(ctx, rows, comm, send_counts, recv_counts, log, name, pad):
+        ctx.comm, ctx.log, ctx.name, ctx.pad = comm, log, name, pad
+        ctx.send_counts, ctx.recv_counts = send_counts, recv_counts
+        return _exchange(comm, rows, send_counts, recv_counts, log, f"{name} forward", pad)
 
     @staticmethod
     def backward(ctx, grad):
-        return _exchange(ctx.comm, grad, ctx.recv_counts, ctx.log, f"{ctx.name} backward")
+        return _exchange(ctx.comm, grad, ctx.recv_counts, ctx.send_counts, ctx.log, f"{ctx.name} backward",
+                         ctx.pad)
 
 
-def all_to_all_rows(rows, comm, send_counts, recv_counts, log, name):
+def all_to_all_rows(rows, comm, send_counts, recv_counts, log, name, pad=None):
     return AllToAllRows.apply(rows, comm=comm, send_counts=send_counts, recv_counts=recv_counts,
-                              log=log, name=name)
+                              log=log, name=name, pad=pad)
 
 # ----------------------------------------------------------------------------- the layer
 
@@ -135,9 +170,10 @@ class ExpertParallelMoE(MoEMLP):
     both start equal. Its forward routes the local tokens as ONE group, whatever n_groups
     says: the rank is the group. self.aux as MoEMLP's (this rank's group); comm_bytes:
     [(which all-to-all, bytes sent measured, by formula)] since the last reset.
+    pad_to_capacity: send the padded (E, capacity, C) buffer (module docstring).
     """
 
-    def __init__(self, moe, ep_comm):
+    def __init__(self, moe, ep_comm, pad_to_capacity=False):
         E, ep, r = moe.n_expert, ep_comm.Get_size(), ep_comm.Get_rank()
         if E % ep:
             raise ValueError(f"expert parallelism spreads E experts evenly over the ep group: "
@@ -150,6 +186,10 @@ class ExpertParallelMoE(MoEMLP):
         self.n_expert, self.top_k = E, moe.top_k
         self.capacity_factor, self.n_groups = moe.capacity_factor, 1
         self.alpha, self.z_coef = moe.alpha, moe.z_coef
+        self.drop_policy = moe.drop_policy
+        if pad_to_capacity and self.capacity_factor is None:
+            raise ValueError("padding to capacity needs a capacity: dropless routing has no bound to pad to")
+        self.pad_to_capacity = pad_to_capacity
         self.aux, self.comm_bytes = None, []
 
     def local_expert(self, x_rows, e):
@@ -167,7 +207,9 @@ class ExpertParallelMoE(MoEMLP):
         n, C = xg.shape
         E, k, ep, per = self.n_expert, self.top_k, self.ep_comm.Get_size(), self.per_rank
         probs, logits = gates(xg, self.router.weight)                  # (n, E) each
-        experts, keep = route(to_numpy(probs.data), k, expert_capacity(n, k, E, self.capacity_factor))
+        capacity = expert_capacity(n, k, E, self.capacity_factor)
+        experts, keep = select(to_numpy(probs.data), k, capacity, self.drop_policy)
+        pad = capacity if self.pad_to_capacity else None
         w = combine_weights(probs, experts, keep, k)                   # (n, k)
         # the kept choices, ordered by expert, then token, then choice: owner by owner
         chosen = [numpy.nonzero((experts == e) & keep) for e in range(E)]   # (tokens, choices) per expert
@@ -179,12 +221,12 @@ class ExpertParallelMoE(MoEMLP):
         with stats.counting("expert_counts"):
             got = numpy.stack(all_to_all_v(self.ep_comm, list(send)))  # (ep, E/ep) by sender
         # dispatch: my rows to their experts' owners; I get theirs for my experts
-        received = all_to_all_rows(xg[tok], self.ep_comm, send.sum(1), got.sum(1), self.comm_bytes,
-                                   "dispatch")                          # (sum got, C)
+        received = all_to_all_rows(xg[tok], self.ep_comm, send, got, self.comm_bytes,
+                                   "dispatch", pad)                     # (sum got, C)
         out = self._run_experts(received, got)                          # (sum got, C)
         # combine: the outputs go back to the ranks the rows came from, in the same order
-        back = all_to_all_rows(out, self.ep_comm, got.sum(1), send.sum(1), self.comm_bytes,
-                               "combine")                               # (len(tok), C)
+        back = all_to_all_rows(out, self.ep_comm, got, send, self.comm_bytes,
+                               "combine", pad)                          # (len(tok), C)
         if len(tok):
             weighted = back * w[tok, slot].reshape(len(tok), 1)         # weighted by the gate
             y = scatter_add_rows(weighted, tok, n)                      # (n, C)
@@ -227,13 +269,13 @@ def _slice(stacked, lo, hi):
 # ----------------------------------------------------------------------------- the model and its gradients
 
 
-def expert_parallel(model, ep_comm, dp_comm=None):
+def expert_parallel(model, ep_comm, dp_comm=None, pad_to_capacity=False):
     """Swap every MoEMLP of `model` for an ExpertParallelMoE (in place); return the
     ExpertParallel that synchronises the gradients (train_step's dp slot).
 
     ep_comm: the ranks one layer's experts are spread over; dp_comm: every data-parallel
     rank (the dense weights' all-reduce), ep_comm when None. Build the optimizer after
-    this call: the expert Parameters are new ones.
+    this call: the expert Parameters are new ones. pad_to_capacity: ExpertParallelMoE's.
 
     `model` may be a GPT or a TensorParallelGPT (its MoE blocks keep their MLP whole):
     the MoEMLPs are swapped wherever they sit, and ep_comm, dp_comm are then this TP
@@ -246,7 +288,7 @@ def expert_parallel(model, ep_comm, dp_comm=None):
                          f"ranks ({dp_comm.Get_size()}): their number must be a multiple of it")
     for block in model.transformer.h:
         if isinstance(block.mlp, MoEMLP) and not isinstance(block.mlp, ExpertParallelMoE):
-            block.mlp = ExpertParallelMoE(block.mlp, ep_comm)
+            block.mlp = ExpertParallelMoE(block.mlp, ep_comm, pad_to_capacity)
     return ExpertParallel(model, ep_comm, dp_comm)
 
 
