@@ -83,13 +83,16 @@ def lesson():
     (["--gpus", "12"], "12 GPUs is not a multiple of the node size 8"),
 ])
 def test_a_cluster_that_cannot_work_is_an_input_error(flags, words):
-    """In this process (the harness turns an InputError into one line and exit 2, as above)."""
+    """In this process (the harness turns an InputError into one line and exit 2, as above),
+    refused before the lesson prints a line."""
     from mpi4py import MPI
     from minidist.lessons import harness
     mod = lesson()
     args = mod.build_parser().parse_args([*flags, "--no-published"])
-    with harness.running(MPI.COMM_SELF), pytest.raises(harness.InputError, match=words.replace("+", r"\+")):
-        mod.main(args)
+    with harness.running(MPI.COMM_SELF) as said:
+        with pytest.raises(harness.InputError, match=words.replace("+", r"\+")):
+            mod.main(args)
+    assert said.lines == []
 
 
 def test_an_unknown_gpu_is_refused_by_the_parser(capsys):
@@ -133,3 +136,16 @@ def test_measure_on_one_rank_is_refused():
     args = lesson().build_parser().parse_args(["--measure"])
     with harness.running(MPI.COMM_SELF), pytest.raises(harness.InputError, match="at least two of them"):
         lesson().main(args)
+
+
+def test_the_measure_progress_weighs_the_time_left_by_the_predicted_steps():
+    """--measure's progress line (plan.measure.Ahead): after a layout predicted at 1 s of 10,
+    10 s spent leave 90 s, where a plain count (1 of 3 in 10 s) would say 20 s."""
+    import io
+    from minidist.plan.measure import Ahead
+    now = [0.0]
+    bar = Ahead([1, 1, 8], "layouts", stream=io.StringIO(), every=1, clock=lambda: now[0])
+    now[0] = 10.0
+    assert bar.line(1, "1 x 1 x 8") == "layouts  1/3  1 x 1 x 8  ~ 1:30 left"
+    now[0] = 20.0
+    assert bar.line(2).endswith("~ 1:20 left") and bar.line(3).endswith("done in 0:20")

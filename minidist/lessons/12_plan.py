@@ -5,15 +5,17 @@ published runs.
     python -m minidist.lessons.12_plan
     python -m minidist.lessons.12_plan --gpus 2048 --gpu a100-80gb --json out.json
     python -m minidist.lessons.12_plan --params 175e9 --cap-gb 60
-    mpirun -n 8 python -m minidist.lessons.12_plan --measure     # + the time-scaled cluster
+    mpirun -n 8 python -m minidist.lessons.12_plan --measure     # + the time-scaled cluster,
+                                                  # about 5 minutes on a two-core laptop
 
 Walked through, every figure computed by minidist.plan from the inputs (a parameter count
-or a shape, a GPU's name, a GPU count): the seed's 70B model's states and why one H200
-cannot hold them; the best layouts for --gpus GPUs (plan.search); why tensor parallelism
-stays inside a node; what the bubble, the first stage's activations and the data-parallel
-reduction cost in the seed's layout (TP 8, PP 8, DP 16 at 1024 GPUs); the fastest layout
-under a memory cap (plan.choose); the planner against published runs (plan.published),
-Llama 3's 128K stage with context parallelism among them.
+or a shape, a GPU's name, a GPU count): a 70B model's states (as planning guides quote
+them, corrected) and why one H200 cannot hold them; the best layouts for --gpus GPUs
+(plan.search); why tensor parallelism stays inside a node; what the bubble, the first
+stage's activations and the data-parallel reduction cost in a planning guide's layout
+(TP 8, PP 8, DP 16 at 1024 GPUs); the fastest layout under a memory cap (plan.choose); the
+planner against published runs (plan.published), Llama 3's 128K stage with context
+parallelism among them.
 
 Checked, each a verdict: the ZeRO paper's 7.5B-on-64 figures reproduced; the bubble and
 the first stage's micro-batches in flight equal to the schedule simulated in logical time
@@ -35,8 +37,8 @@ from minidist.plan import cluster as clusters
 from minidist.plan import collectives, cost, layout, memory, pipeline, published, search, traffic
 
 GB = 1e9                          # the papers' GB
-SEED_PSI = 70e9                   # the seed's "70B-parameter model"
-SEED_ROUGH = 560e9                # the seed's "~560 GB" (its own figure, quoted to be corrected)
+SEED_PSI = 70e9                   # planning guides' "70B-parameter model"
+SEED_ROUGH = 560e9                # their "~560 GB" (quoted to be corrected: lessons/12_plan.md)
 ZERO_PAPER = (7.5e9, 64, ("120", "31.4", "16.6", "1.9"))   # Rajbhandari et al. 2020, Figure 1 (GB)
 # Llama 2 70B's shape (Touvron et al. 2023, arXiv 2307.09288, Table 1 and the released config):
 # a real 70B model, counted parameter by parameter
@@ -55,7 +57,7 @@ def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=None)
     p._option_string_actions["--dtype"].help = "accepted for the grader; the planner computes in Python numbers"
     p.add_argument("--params", type=harness.positive_float, default=SEED_PSI,
-                   help="the model to plan, in parameters (GPT shape family; default 70e9, the seed's)")
+                   help="the model to plan, in parameters (GPT shape family; default 70e9, a guide's example)")
     p.add_argument("--gpus", type=harness.positive_int, default=1024, help="GPUs to plan for (default 1024)")
     p.add_argument("--gpu", choices=sorted(clusters.GPUS), default="h100-sxm", help="GPU type (default h100-sxm)")
     p.add_argument("--cap-gb", type=harness.positive_float, default=40.0,
@@ -63,15 +65,16 @@ def build_parser():
     p.add_argument("--no-published", dest="published", action="store_false",
                    help="skip the published-run table (a second or so)")
     p.add_argument("--measure", action="store_true",
-                   help="run lesson 07's layouts on a time-scaled cluster (mpirun -n 8) beside the predictions")
+                   help="run lesson 07's layouts on a time-scaled cluster (mpirun -n 8) beside the "
+                        "predictions (about 5 minutes on two cores)")
     return p
 
 
-# ----------------------------------------------------------------------------- 1. the seed's 70B
+# ----------------------------------------------------------------------------- 1. a 70B model
 
 def model_states():
-    """The seed's 70B: its states by the ZeRO paper's count, why one H200 cannot hold them."""
-    say("1. Model states of the seed's 70B (plan.memory.model_state_bytes; Rajbhandari et al. 2020)")
+    """A 70B model: its states by the ZeRO paper's count, why one H200 cannot hold them."""
+    say("1. Model states of a 70B model (plan.memory.model_state_bytes; Rajbhandari et al. 2020)")
     zero = memory.model_state_bytes(SEED_PSI, 1, 0, "zero")
     mega = memory.model_state_bytes(SEED_PSI, 1, 0, "megatron")
     total, total_m = sum(zero.values()), sum(mega.values())
@@ -82,10 +85,10 @@ def model_states():
                  f"{sum(memory.ACCOUNTING['megatron'])} B", gb(total_m)])
     harness.table(rows, ["70e9 parameters", "ZeRO paper", "(fp16)", "Megatron-LM", "(bf16)"])
     w32, per32 = memory.ACCOUNTING["fp32"][0], sum(memory.ACCOUNTING["fp32"])
-    say(f"  The seed's ~{gb(SEED_ROUGH)} is {SEED_ROUGH / zero['weights']:g} x the {gb(zero['weights'])} of "
+    say(f"  A planning guide's ~{gb(SEED_ROUGH)} is {SEED_ROUGH / zero['weights']:g} x the {gb(zero['weights'])} of "
         f"16-bit weights\n  (its \"4x the model size\"). 16 B per parameter are {per32 / w32:g} x the weights "
         f"only when they are {w32}-byte\n  fp32 ones; over 2-byte weights they are "
-        f"{total / zero['weights']:g} x: {total / SEED_ROUGH:g} x the seed's figure.")
+        f"{total / zero['weights']:g} x: {total / SEED_ROUGH:g} x the guide's figure.")
     real, k = layout.Model(**LLAMA2_70B), LLAMA2_70B
     say(f"  A real 70B shape, Llama 2 70B (L {k['layers']}, h {k['hidden']}, {k['kv_heads']} KV heads, SwiGLU "
         f"{k['ffn_hidden']}, V {k['vocab']}), counted\n  from its shape: {real.params():,} parameters, "
@@ -149,7 +152,13 @@ def best_layouts(model, cluster, ests):
     say(f"   {len(ests):,} legal layouts estimated (plan.search); fits: at most {cost.USABLE_MEMORY:.0%} "
         "of the memory. Seconds per step:")
     harness.table(layout_rows(ests[:5]), HEADER, indent="   ")
-    say("   (tp x pp x dp, micro-batch, ZeRO stage, v chunks, SP = sequence parallel, recompute sel/full)\n")
+    say("   (tp x pp x dp, micro-batch, ZeRO stage, v chunks, SP = sequence parallel, recompute sel/full)")
+    if g.name == "h100-sxm":
+        say("   MFU beside what H100 runs publish (model FLOPs over the dense BF16 peak): Llama 3 405B\n"
+            "   38-43% (Grattafiori et al. 2024, Table 4), Megatron-LM 41-48% (its README, weak scaling).\n"
+            "   The often-quoted \"40-60% MFU on H100\": its lower half is what they reach, its upper\n"
+            "   half none of them (lessons/12_plan.md, What MFU to expect on H100s)")
+    say("")
 
 
 def why_tp_8(model, cluster):
@@ -184,7 +193,7 @@ def costs(model, cluster, est, seed):
     m = model.global_batch // (d * b)
     name = "interleaved" if v > 1 else "1f1b"
     say(f"4. What a pipeline costs: {layout_text(lay)}, m = {m} micro-batches per step\n   ("
-        + ("the best with tp 8 and pp 8: the seed's TP 8, PP 8, DP 16 at 1024 GPUs)" if seed else
+        + ("the best with tp 8 and pp 8: a planning guide's TP 8, PP 8, DP 16 at 1024 GPUs)" if seed else
            "the best layout with a pipeline)" if p > 1 else "no layout with a pipeline fits: p = 1, no bubble)"))
     frac = pipeline.bubble_fraction(name, p, m, v)
     flight = pipeline.in_flight(p, m, v)
@@ -364,11 +373,7 @@ def measured(comm):
 # ----------------------------------------------------------------------------- the story
 
 def plan_story(args):
-    say(f"Lesson 12: planning a run of {args.params / 1e9:g}B parameters on {args.gpus} {args.gpu}\n")
-    figures, checks = {}, {}
-    figures["model_states"] = model_states()
-    checks["zero_paper"], figures["zero_paper"] = zero_paper()
-    model = layout.model_from_params(args.params)
+    model = layout.model_from_params(args.params)     # the input checked before any line is printed
     try:
         cluster = clusters.make_cluster(args.gpu, args.gpus)
     except ValueError as e:
@@ -376,6 +381,10 @@ def plan_story(args):
     ests = search.search(model, cluster, top=None)
     harness.need(ests and ests[0].fits, f"no layout of a {args.params:.3g}-parameter model fits "
                  f"{args.gpus} {args.gpu}: give more GPUs or a smaller --params")
+    say(f"Lesson 12: planning a run of {args.params / 1e9:g}B parameters on {args.gpus} {args.gpu}\n")
+    figures, checks = {}, {}
+    figures["model_states"] = model_states()
+    checks["zero_paper"], figures["zero_paper"] = zero_paper()
     best_layouts(model, cluster, ests)
     figures["tp"] = why_tp_8(model, cluster)
     seed = [e for e in ests if e.fits and e.layout.tp == min(8, cluster.gpus_per_node) and e.layout.pp == 8]

@@ -38,7 +38,9 @@ The bytes, though, are counted exactly: each layout's bytes per group from lesso
 counters beside Estimate.bytes_sent (bytes_row, on one node: one_node).
 This machine's figures and the Cluster built from them: plan/cpu_cluster.py.
 
-Run on its own: run(comm) returns the rows; table(result) formats them.
+Run on its own: run(comm) returns the rows; table(result) formats them. Rank 0 shows one
+progress line over the layouts (minidist.progress: updating, with the time left, on a
+terminal; a plain line per layout otherwise).
 """
 import importlib
 import os
@@ -50,6 +52,8 @@ from mpi4py import MPI
 from minidist.comm import links as linkmodel
 from minidist.plan.cpu_cluster import (cpu_cluster, machine_alpha, megatron_placement, one_node,
                                        stream_bandwidth, sustained_flops)
+from minidist.progress import WIDTH, Progress
+from minidist.progress import _clock as clock
 
 # The model every layout runs (8 heads and 8 layers: every tp and pp of 8 ranks divides them).
 SHAPE = dict(n_layer=8, n_head=8, n_embd=64, block_size=64, batch_size=16, dtype="float32")
@@ -217,6 +221,32 @@ def layout_problem(tp, pp, dp, shape=SHAPE, size=8):
     return None
 
 
+def micro_batches(tp, pp, dp, shape=SHAPE, size=8):
+    """The micro-batches lesson 07 runs at tp x pp x dp (its own check_input)."""
+    from minidist.lessons import common
+    args = lesson_args(tp, pp, dp, shape)
+    return _lesson07().check_input(args, common.config_from_args(args, size), size)[4]
+
+
+class Ahead(Progress):
+    """The layouts' progress line, its time left weighted by each layout's predicted step:
+    elapsed x (predicted seconds of the layouts left) / (of those done). The layouts differ
+    thirty-fold (8 x 1 x 1, last, takes about half the run), so a count alone would say
+    seconds are left when minutes are."""
+
+    def __init__(self, weights, label, **kw):
+        super().__init__(len(weights), label, **kw)
+        self.weights = list(weights)
+
+    def line(self, done, text=""):
+        s = super().line(done, text)
+        if 0 < done < self.total:
+            spent = self.clock() - self.start
+            left = spent * sum(self.weights[done:]) / sum(self.weights[:done])
+            s = (s.rpartition("  ~ ")[0] + f"  ~ {clock(left)} left")[:WIDTH]
+        return s
+
+
 def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmup=1, wait="sleep"):
     """Measure and predict every layout lesson 07 allows on comm's ranks; see the module
     docstring. Every rank calls it; every rank gets the same dict:
@@ -244,12 +274,17 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
     literal = real.peak_flops / flops               # the time scale that keeps the ratio (links.py)
     scale = literal / ease
     out = []
-    for tp, pp, dp in factorisations(size):
-        if layout_problem(tp, pp, dp, shape, size):
-            continue
-        links = linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw),
-                                (0.0, real.inter_bw), scale, wait,
-                                placement=megatron_placement(tp, pp, dp, per_node))
+    todo = [f for f in factorisations(size) if not layout_problem(*f, shape, size)]
+
+    def scaled_links(tp, pp, dp):
+        return linkmodel.Links(size // per_node, per_node, (0.0, real.intra_bw),
+                               (0.0, real.inter_bw), scale, wait,
+                               placement=megatron_placement(tp, pp, dp, per_node))
+    ahead = [predict(cpu_cluster(flops, hbm, scaled_links(*f), alpha, itemsize, size, eff), *f,
+                     micro_batches(*f, shape, size), shape).step_time_s for f in todo]
+    bar = Ahead(ahead, "   layouts", every=1) if comm.Get_rank() == 0 else None
+    for tp, pp, dp in todo:
+        links = scaled_links(tp, pp, dp)
         charged, sent = {}, {}
         took, m = time_layout(linkmodel.LinkedComm(comm, links), tp, pp, dp, shape, steps, warmup,
                               charged=charged, sent=sent)
@@ -264,6 +299,10 @@ def run(comm, shape=SHAPE, gpu="h100-sxm", per_node=4, ease=EASE, steps=3, warmu
                     "predicted_step_s": est.step_time_s, "link_delay_s": float(most[0]),
                     "predicted": {k: getattr(est, k) for k in ("compute_s", "tp_s", "pp_s", "dp_s",
                                                                "bubble_s", "optimizer_s")}})
+        if bar is not None:
+            bar.update(len(out), f"{tp} x {pp} x {dp}: {took:.3g} s per step")
+    if bar is not None:
+        bar.close()
     name = lambda r: f"{r['tp']}x{r['pp']}x{r['dp']}"      # noqa: E731
     by_measured = sorted(out, key=lambda r: r["measured_step_s"])
     by_predicted = sorted(out, key=lambda r: r["predicted_step_s"])
