@@ -14,6 +14,10 @@ The backward math students write in lessons/exercises/00_autograd.py is kept as 
 array functions (`layer_norm_backward`, `softmax_cross_entropy_backward`, `gelu_backward`)
 that the Functions call. minidist.ops re-exports every public name of this file, so
 `from minidist.ops import gelu` keeps working.
+
+GELU comes in two forms: GPT-2's tanh approximation (GELU, the default) and the exact
+x Phi(x) (GELUErf, `gelu(x, "erf")`, which PyTorch's nn.GELU() and so nanoGPT compute),
+with erf written here because NumPy has none.
 """
 import math
 
@@ -68,6 +72,134 @@ class GELU(Function):
     @staticmethod
     def backward(ctx, grad):
         return gelu_backward(ctx.saved[0], grad)
+
+
+# GELU's exact form, x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2, as PyTorch's nn.GELU()
+# (approximate="none") and so nanoGPT compute it. NumPy has no erf; these are W. J. Cody's
+# rational Chebyshev approximations ("Rational Chebyshev approximations for the error
+# function", Math. Comp. 23 (1969) 631-637; the coefficients of his CALERF, netlib specfun),
+# good to float64 rounding: one form for |y| <= 0.5, one for 0.5 < |y| <= 4, one beyond.
+_ERF_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+          3.20937758913846947e03, 1.85777706184603153e-1)
+_ERF_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+          2.84423683343917062e03)
+_ERFC_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+           2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+           2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_ERFC_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+           1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+           3.43936767414372164e03, 1.23033935480374942e03)
+_ERFC_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+           1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_ERFC_Q = (2.56852019228982242e00, 1.87295284992346725e00, 5.27905102951428412e-1,
+           6.05183413124413191e-2, 2.33520497626869185e-3)
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _erf_small(y):
+    """erf(y) for |y| <= 0.5: y P(y^2) / Q(y^2)."""
+    s = y * y
+    num, den = _ERF_A[4] * s, s
+    for a, b in zip(_ERF_A[:3], _ERF_B[:3]):
+        num = (num + a) * s
+        den = (den + b) * s
+    return y * (num + _ERF_A[3]) / (den + _ERF_B[3])
+
+
+def _erfc_positive(y):
+    """erfc(y) for y > 0.5: exp(-y^2) R(y), R rational in y up to 4, in 1/y^2 beyond."""
+    mid = y <= 4.0
+    r = xp.empty_like(y)
+    m = y[mid]
+    num, den = _ERFC_C[8] * m, m
+    for c, d in zip(_ERFC_C[:7], _ERFC_D[:7]):
+        num = (num + c) * m
+        den = (den + d) * m
+    r[mid] = (num + _ERFC_C[7]) / (den + _ERFC_D[7])
+    far = y[~mid]
+    s = 1.0 / (far * far)
+    num, den = _ERFC_P[5] * s, s
+    for p, q in zip(_ERFC_P[:4], _ERFC_Q[:4]):
+        num = (num + p) * s
+        den = (den + q) * s
+    r[~mid] = (_INV_SQRT_PI - s * (num + _ERFC_P[4]) / (den + _ERFC_Q[4])) / far
+    # exp(-y^2) as exp(-h^2) exp(-(y - h)(y + h)), h = y rounded down to 1/16: y^2 is not
+    # exact in floating point, and its rounding error would be multiplied by y^2
+    h = xp.trunc(y * 16.0) / 16.0
+    return xp.exp(-h * h) * xp.exp(-(y - h) * (y + h)) * r
+
+
+def _widened(x):
+    """(x as an array to compute on, the dtype to return): integers as float64; 16-bit floats
+    in float32, rounded back after (the rational forms overflow float16's range)."""
+    x = xp.asarray(x)
+    if x.dtype.kind in "iub":
+        return x.astype(xp.float64), xp.float64
+    if x.dtype.itemsize < 4:
+        return x.astype(xp.float32), x.dtype
+    return x, x.dtype
+
+
+def erfc(x):
+    """The complementary error function 1 - erf(x) of an array, elementwise, accurate where
+    it is tiny too (x up to about 26.5 in float64, where it underflows)."""
+    x, dtype = _widened(x)
+    y = xp.abs(x)
+    out = xp.empty_like(x)
+    small = y <= 0.5
+    out[small] = 1.0 - _erf_small(x[small])
+    big = ~small
+    r = _erfc_positive(y[big])
+    out[big] = xp.where(x[big] < 0, 2.0 - r, r)
+    return out.astype(dtype, copy=False)
+
+
+def erf(x):
+    """The error function (2 / sqrt pi) int_0^x exp(-t^2) dt of an array, elementwise."""
+    x, dtype = _widened(x)
+    y = xp.abs(x)
+    out = xp.empty_like(x)
+    small = y <= 0.5
+    out[small] = _erf_small(x[small])
+    big = ~small
+    r = 1.0 - _erfc_positive(y[big])
+    out[big] = xp.where(x[big] < 0, -r, r)
+    return out.astype(dtype, copy=False)
+
+
+def normal_cdf(x):
+    """Phi(x), the standard normal's distribution function: erfc(-x / sqrt 2) / 2 (erfc,
+    not 1 + erf: far below 0 Phi is tiny and 1 + erf would lose all its digits)."""
+    return 0.5 * erfc(x * -_INV_SQRT_2)
+
+
+def gelu_erf_backward(x, grad):
+    """Gradient of GELU's exact form y = x Phi(x): dy/dx = Phi(x) + x phi(x),
+    phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the standard normal's density."""
+    d = x * x
+    d *= -0.5
+    xp.exp(d, out=d)
+    d *= _INV_SQRT_2PI
+    d *= x
+    d += normal_cdf(x)
+    d *= grad
+    return d
+
+
+class GELUErf(Function):
+    """GELU as x Phi(x) exactly (PyTorch's nn.GELU(), nanoGPT's): `gelu(x, "erf")`."""
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        y = normal_cdf(x)
+        y *= x
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return gelu_erf_backward(ctx.saved[0], grad)
 
 
 class Softmax(Function):
@@ -233,7 +365,20 @@ class CausalAttention(Function):
 # ----------------------------------------------------------------------------- functional API
 
 
-def gelu(x): return GELU.apply(x)
+GELU_FORMS = ("tanh", "erf")
+
+
+def gelu(x, form="tanh"):
+    """GELU: form "tanh" is GPT-2's approximation (GELU below), "erf" the exact x Phi(x)
+    (GELUErf: PyTorch's nn.GELU() default, which nanoGPT uses). They differ by up to
+    about 5e-4 at |x| near 2."""
+    if form == "tanh":
+        return GELU.apply(x)
+    if form == "erf":
+        return GELUErf.apply(x)
+    raise ValueError(f"gelu form must be one of {', '.join(GELU_FORMS)}, not {form!r}")
+
+
 def softmax(x, axis=-1): return Softmax.apply(x, axis=axis)
 
 

@@ -103,9 +103,10 @@ def main(argv=None):
                           "params_per_device": psi,
                           "bytes_per_device": {str(k): v for k, v in states.items()}, "activations": acts}))
         return 0
-    print(f"model states per device, mixed-precision Adam (2 + 2 + {K_ADAM} bytes per parameter), "
-          f"Psi = {args.params:g}, N_d = {args.dp}"
-          + (f"; t = {args.tp} x p = {args.pp}: Psi/(t p) = {psi:g} per device" if args.tp * args.pp > 1 else ""))
+    print(f"model states per device, mixed-precision Adam (2 + 2 + {K_ADAM} bytes per parameter),")
+    print(f"  Psi = {args.params:g}, N_d = {args.dp}")
+    if args.tp * args.pp > 1:
+        print(f"  t = {args.tp} x p = {args.pp}: Psi/(t p) = {psi:g} per device, the Psi below")
     labels = {0: "data parallel", 1: "ZeRO stage 1", 2: "ZeRO stage 2", 3: "ZeRO stage 3"}
     formulas = {0: "(2+2+K) Psi", 1: "4 Psi + K Psi/N_d", 2: "2 Psi + (2+K) Psi/N_d", 3: "(2+2+K) Psi/N_d"}
     for s in range(4):

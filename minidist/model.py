@@ -159,9 +159,10 @@ class MLP(Module):
         self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias, dtype=config.dtype)
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias, dtype=config.dtype)
         self.dropout = Dropout(config.dropout)
+        self.gelu = config.gelu                                        # "tanh" or "erf"
 
     def forward(self, x, rng=None):
-        return self.dropout(self.c_proj(ops.gelu(self.c_fc(x))), rng)   # (B, T, 4C) inside
+        return self.dropout(self.c_proj(ops.gelu(self.c_fc(x), self.gelu)), rng)   # (B, T, 4C) inside
 
 
 class Block(Module):
@@ -190,6 +191,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     dtype: str = "float32"
+    # the MLP's GELU: "tanh", GPT-2's approximation (its gelu in openai/gpt-2 src/model.py),
+    # or "erf", the exact x Phi(x) of PyTorch's nn.GELU(), which nanoGPT's MLP uses (set it
+    # to run a model trained there); this project keeps tanh as its default. Dense MLPs
+    # only: tensor-parallel and MoE layers run tanh
+    gelu: str = "tanh"
     # attention core: "plain" (fused.CausalAttention, keeps the (T, T) probabilities) or
     # "blockwise" (minidist/attention.py: tiles of attn_block queries x keys, keeps none)
     attention: str = "plain"
@@ -219,6 +225,8 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
         dtype_of(self.dtype)          # raises ValueError for an unknown dtype
+        if self.gelu not in ops.GELU_FORMS:
+            raise ValueError(f"gelu must be one of {', '.join(ops.GELU_FORMS)}, not {self.gelu!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, not {self.attention!r}")
         try:
@@ -228,6 +236,8 @@ class GPTConfig:
         if not whole or self.attn_block < 1:
             raise ValueError(f"attn_block (the tile of blockwise attention) must be a whole number "
                              f"of positions, at least 1, not {self.attn_block!r}")
+        if self.gelu != "tanh" and int(self.n_expert) > 0:
+            raise ValueError(f"gelu={self.gelu!r} is for dense MLPs; MoE experts run tanh GELU")
         if int(self.n_expert) < 0:
             raise ValueError(f"n_expert must be 0 (dense) or more, not {self.n_expert}")
         if self.top_k not in (1, 2) or (self.n_expert > 0 and self.top_k > self.n_expert):

@@ -21,9 +21,9 @@ import math
 from minidist.backend import xp
 from minidist.tensor import Function, Tensor
 from minidist.fused import (  # noqa: F401  (re-exported: minidist.ops names every op)
-    GELU, GELU_C, CausalAttention, CrossEntropy, Dropout, LayerNorm, Softmax, causal_attention,
-    cross_entropy, dropout, gelu, gelu_backward, layer_norm, layer_norm_backward, softmax,
-    softmax_cross_entropy_backward)
+    GELU, GELU_C, GELU_FORMS, CausalAttention, CrossEntropy, Dropout, GELUErf, LayerNorm, Softmax,
+    causal_attention, cross_entropy, dropout, erf, erfc, gelu, gelu_backward, gelu_erf_backward,
+    layer_norm, layer_norm_backward, normal_cdf, softmax, softmax_cross_entropy_backward)
 
 
 def unbroadcast(grad, shape):

@@ -44,6 +44,9 @@ def test_calibrate_then_the_table_picks_by_the_stored_constants(tmp_path):
     text = proc.stdout
     assert "minidist ring" in text and "minidist auto" in text and "MPI Allreduce" in text
     assert "auto/MPI" in text and "recursive_doubling -> rabenseifner: model" in text
+    assert "busbw in GB/s" in text and "(GB/s)" in text, "busbw's unit, in the text and the table"
+    wide = [s for s in text.splitlines() if len(s) > 100 and str(tmp_path) not in s]   # but its path
+    assert not wide, f"lines over 100 columns: {wide}"
     assert len([s for s in text.splitlines() if s.strip() and not s.startswith("#")]) == 4
 
 

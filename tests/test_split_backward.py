@@ -147,3 +147,33 @@ def test_without_the_context_nothing_is_deferred():
     x, idx, gout = inputs()
     stage(P, x, idx).backward(gout)
     assert all(P[k].grad is not None for k in P)
+
+
+def test_a_parameter_used_twice_fires_its_hook_once_with_its_whole_gradient():
+    """E is used twice (embedding: computed in B, held; linear: deferred), and so is W2 in
+    `twice` below (two Linears): W completes each only after its last piece, so the hook
+    must fire once per backward, after W, seeing exactly the plain backward's gradient.
+    A hook that fired after the first piece would hand data parallelism (its all-reduce
+    starts from this hook) a partial gradient."""
+    def twice(P, x, idx):
+        h = stage(P, x, idx)
+        return ops.linear(ops.linear(h, P["W1"]), P["W2"]) + h
+
+    ref = params()
+    x, idx, gout = inputs()
+    twice(ref, x, idx).backward(gout)
+    P = params()
+    x, idx, gout = inputs()
+    seen = {k: [] for k in P}
+    for k in P:
+        P[k].register_grad_ready_hook(lambda t, k=k: seen[k].append(t.grad.copy()))
+    out = twice(P, x, idx)
+    with deferred_weight_grads() as later:
+        out.backward(gout)
+    assert not any(seen[k] for k in DEFERRED), "a deferred Parameter's hook fired during B"
+    run_weight_grads(later)
+    for k in P:
+        assert len(seen[k]) == 1, f"{k}'s hook fired {len(seen[k])} times in one backward, not once"
+        assert np.array_equal(seen[k][0], ref[k].grad), (
+            f"{k}'s hook saw a gradient that is not the whole one (max diff "
+            f"{np.abs(seen[k][0] - ref[k].grad).max():.2e}): it fired before its last piece")

@@ -21,6 +21,7 @@ beside the model's prediction.
 """
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -114,20 +115,27 @@ def main(argv=None):
     plan = tuning.agreed(comm)
     dtype = np.dtype(args.dtype)
     busf = BUS_FACTOR["all_reduce"](n)
-    say(f"# all-reduce (sum), {n} ranks: minidist ring, minidist auto, MPI's own Allreduce "
-        f"({library()})")
-    say(f"# time: median of {args.iters} calls (slowest rank) after {args.warmup} warm-up; "
-        f"busbw = size / time x 2(N-1)/N = x {busf:.3f}")
+    say(f"# all-reduce (sum) of {dtype.name}, {n} ranks: minidist's ring and auto beside MPI's own "
+        f"Allreduce")
+    say(f"# MPI: {library()}")
+    cores = os.cpu_count() or 1
+    if n > cores:
+        say(f"# warning: {n} ranks on {cores} cores (os.cpu_count()): ranks take turns on a core, so")
+        say(f"#   the times include waiting for one and busbw understates the links (use -n {cores})")
+    say(f"# time: median of {args.iters} calls (slowest rank) after {args.warmup} warm-up")
+    say(f"# busbw in GB/s (1e9 bytes/s) = size / time x 2(N-1)/N = size / time x {busf:.3f}, as "
+        f"nccl-tests")
     say(f"# auto: {tuning.plan_words(plan)}")
     say(f"#   alpha {plan['alpha'] * 1e6:.2f} us, beta {plan['beta'] * 1e9:.4f} ns/B, "
         f"gamma {plan['gamma'] * 1e9:.4f} ns/B")
     say(f"#   from {plan['source']}")
     say("#   (rdbl = recursive doubling, rabn = Rabenseifner)")
-    say(f"# {'':>10} {'':>10} {'':>7} {'- minidist ring -':>16} {'--- minidist auto ---':>22} "
-        f"{'- MPI Allreduce -':>17} {'ring/MPI':>8} {'auto/MPI':>8}")
-    say(f"# {'size(B)':>10} {'count':>10} {'type':>7} {'time(us)':>9} {'busbw':>6} "
-        f"{'time(us)':>9} {'busbw':>6} {'algo':>5} {'time(us)':>9} {'busbw':>7} {'time':>8} "
-        f"{'time':>8}")
+    say(f"# {'':>10} {'':>10} {'- minidist ring -':>16} {'--- minidist auto ---':>22} "
+        f"{'- MPI Allreduce -':>16} {'ring/MPI':>8} {'auto/MPI':>8}")
+    say(f"# {'size':>10} {'count':>10} {'time':>9} {'busbw':>6} {'time':>9} {'busbw':>6} {'algo':>5} "
+        f"{'time':>9} {'busbw':>6} {'time':>8} {'time':>8}")
+    say(f"# {'(B)':>10} {'(elements)':>10} {'(us)':>9} {'(GB/s)':>6} {'(us)':>9} {'(GB/s)':>6} {'':>5} "
+        f"{'(us)':>9} {'(GB/s)':>6}")
     rng = np.random.default_rng([args.seed, rank])
     rows, measured = [], []
     for size in sizes(args.min_bytes, args.max_bytes, args.factor):
@@ -144,9 +152,9 @@ def main(argv=None):
         t = tuning.slowest_medians(comm, calls, iters, args.warmup)
         picked = tuning.choose(comm, nbytes)
         bw = {k: nbytes / t[k] / 1e9 * busf for k in t}
-        say(f"  {nbytes:>10} {count:>10} {dtype.name:>7} {t['ring'] * 1e6:9.1f} {bw['ring']:6.2f} "
+        say(f"  {nbytes:>10} {count:>10} {t['ring'] * 1e6:9.1f} {bw['ring']:6.2f} "
             f"{t['auto'] * 1e6:9.1f} {bw['auto']:6.2f} {SHORT[picked]:>5} {t['mpi'] * 1e6:9.1f} "
-            f"{bw['mpi']:7.2f} {t['ring'] / t['mpi']:8.2f} {t['auto'] / t['mpi']:8.2f}")
+            f"{bw['mpi']:6.2f} {t['ring'] / t['mpi']:8.2f} {t['auto'] / t['mpi']:8.2f}")
         rows.append({"size_bytes": nbytes, "count": count, "dtype": dtype.name,
                      **{f"{k}_us": v * 1e6 for k, v in t.items()}, "auto_algorithm": picked})
         measured.append(t)

@@ -10,8 +10,11 @@ It trains nanoGPT's model on bytes of text (the Python standard library's source
 default, or --data FILE), printing loss, tokens/s and MFU per step, then a memory table
 measured from the arrays the process holds beside the formula, then checks the engine's
 gradients against central differences on a tiny float64 copy of the model (that check is
-this lesson's `match`), and ends with a sample from the trained model.
+this lesson's `match`), and ends with a sample from the trained model. On a terminal one
+more line updates under the table after every step: the step, its loss and the time left
+(minidist.progress); in a log or a pipe the table's lines are all there is.
 """
+import sys
 import time
 
 import numpy as np
@@ -22,6 +25,7 @@ from minidist.data import decode, encode
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, GPTConfig
+from minidist.progress import WIDTH, Progress
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig, estimate_loss, get_lr, micro_batches, train_step
 
@@ -101,6 +105,16 @@ def main(args):
 
     say(f"{'step':>5}  {'loss':>7}  {'lr':>8}  {'ms':>7}  {'tok/s':>8}  {'MFU':>6}")
     losses, times = [], []
+    bar = Progress(args.steps, "training", every=args.steps) if _terminal() else None
+
+    def row(text):
+        """A line of the table: on a terminal, written over the progress line, which the
+        next update draws again below it."""
+        if bar is not None and bar.open:
+            sys.stdout.write("\r" + " " * (WIDTH - 1) + "\r")
+            bar.open = False
+        say(text)
+
     for step in range(args.steps):
         x, y = data.get_batch("train", args.batch_size, step)
         MEMORY.reset_peak()
@@ -110,11 +124,13 @@ def main(args):
         losses.append(loss)
         times.append(dt)
         if step % args.log_interval == 0 or step == args.steps - 1:
-            say(f"{step:>5}  {loss:7.4f}  {get_lr(step, tc):8.2e}  {dt * 1e3:7.1f}  {tokens / dt:8,.0f}  "
+            row(f"{step:>5}  {loss:7.4f}  {get_lr(step, tc):8.2e}  {dt * 1e3:7.1f}  {tokens / dt:8,.0f}  "
                 f"{metrics.mfu(tokens / dt, fpt, peak):6.1%}")
         if args.eval_interval and (step + 1) % args.eval_interval == 0:
             ev = estimate_loss(model, data, args.batch_size, tc.eval_iters)
-            say(f"{'':>5}  validation: train loss {ev['train']:.4f}, val loss {ev['val']:.4f}")
+            row(f"{'':>5}  validation: train loss {ev['train']:.4f}, val loss {ev['val']:.4f}")
+        if bar is not None:
+            bar.update(step + 1, f"step {step} loss {loss:.4f}")
     step_time = float(np.median(times[1:] if len(times) > 1 else times))
     say(f"\nloss fell from {losses[0]:.4f} to {losses[-1]:.4f}; median step {step_time * 1e3:.1f} ms, "
         f"{tokens / step_time:,.0f} tokens/s, MFU {metrics.mfu(tokens / step_time, fpt, peak):.1%}")
@@ -152,6 +168,11 @@ def main(args):
         max_abs_diff=abs_err, tolerance=GRADCHECK_TOL, losses={"reference": losses, "parallel": None},
         memory=mem, step_time_s=step_time, mfu=metrics.mfu(tokens / step_time, fpt, peak))
     return harness.finish(report, args)
+
+
+def _terminal():
+    """Whether this lesson's lines go to a terminal (not a file, a pipe, or a test's capture)."""
+    return sys.stdout.isatty() and getattr(harness._here, "captured", None) is None
 
 
 def build_parser():
