@@ -339,3 +339,12 @@ def test_causal_tiles_computed_are_the_triangle(n, block):
     STATS.reset()
     attention_partial(*arrays, np.full(T, T), np.arange(T), block)     # every key visible: no tile skipped
     assert STATS.tiles_forward == n * n and STATS.scores_forward == B * NH * T * T
+
+
+def test_a_one_rank_tensor_parallel_gpt_keeps_the_models_gelu():
+    from mpi4py import MPI
+    x, y = batch(seed=3)
+    cfg = GPTConfig(**TINY, gelu="erf")
+    tp = TensorParallelGPT(GPT(cfg, seed=1), MPI.COMM_SELF)
+    assert_same_training(loss_and_grads(tp, x, y, DropoutRNG(0, 0, range(3))),
+                         loss_and_grads(GPT(cfg, seed=1), x, y, DropoutRNG(0, 0, range(3))), "TP erf GELU")

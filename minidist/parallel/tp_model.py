@@ -169,10 +169,11 @@ class ParallelMLP(Module):
         self.c_fc = ColumnParallelLinear(take("c_fc.weight"), take("c_fc.bias"), comm, keep_gathered)
         self.c_proj = RowParallelLinear(take("c_proj.weight"), take("c_proj.bias"), comm)
         self.p = full.dropout.p
+        self.gelu = full.gelu                                          # "tanh" or "erf", as the model's
 
     def forward(self, x, rng, seq=None):
         sp = seq is not None
-        h = ops.gelu(self.c_fc(x, sp))                                 # (B, T, 4C/t), local GELU
+        h = ops.gelu(self.c_fc(x, sp), self.gelu)                       # (B, T, 4C/t), local GELU
         return sequence_dropout(self.c_proj(h, sp), self.p if self.training else 0.0, rng, seq)
 
 
