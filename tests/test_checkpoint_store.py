@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from minidist.checkpoint import cli, store
+from minidist.checkpoint import format as format_
 from minidist.checkpoint.format import (CheckpointError, read_header, read_safetensors, read_tensor,
                                         write_safetensors)
 
@@ -127,16 +128,49 @@ def test_save_then_read_whole_tensors_and_regions(tmp_path, monkeypatch):
     assert index["tensors"]["w"]["shape"] == [6, 7] and index["tensors"]["v"]["dtype"] == "float32"
     read = []
     monkeypatch.setattr(store, "read_tensor", lambda path, key, header: read.append(key) or read_tensor(path, key, header))
+    monkeypatch.setattr(store, "read_ranges", lambda path, key, ranges, header: read.append(key) or
+                        format_.read_ranges(path, key, ranges, header))
     assert np.array_equal(store.read_region(path, index, "w", box=[[4, 6], [2, 5]]), (W + 3)[4:6, 2:5])
     assert np.array_equal(store.read_region(path, index, "v", flat=[6, 9]), (V + 3)[6:9])
     assert read == ["w@1", "v@1"], f"read_region read {read}: only the overlapping pieces should be read"
     assert np.array_equal(store.read_region(path, index, "w", box=[[3, 5], [0, 7]]), (W + 3)[3:5])
-    # across kinds (a flat range of a boxed tensor): the whole tensor is read, then sliced
+    # across kinds (a flat range of a boxed tensor): the runs of each box that overlap
     assert np.array_equal(store.read_region(path, index, "w", flat=[5, 30]), (W + 3).reshape(-1)[5:30])
     assert np.array_equal(store.read_region(path, index, "v", box=[[2, 4]]), (V + 3)[2:4])
     assert store.read_region(path, index, "n", box=[]) == 3
     with pytest.raises(CheckpointError, match="outside"):
         store.read_region(path, index, "w", box=[[0, 7], [0, 7]])
+
+
+def test_a_box_out_of_flat_pieces_reads_only_the_overlapping_bytes(tmp_path):
+    """ZeRO saved a (6, 5, 4) tensor as uneven flat ranges, and a (10,) one as boxes; every
+    box and range asked of them equals the slice, and the tensor bytes read equal the
+    bytes asked for (a reader of whole pieces would read more)."""
+    rng = np.random.default_rng(1)
+    T = rng.standard_normal((6, 5, 4))
+    cuts = [0, 7, 8, 50, 51, 119, 120]
+    ps = [dict(name="t", global_shape=T.shape, dtype=T.dtype, flat=[a, b], array=T.reshape(-1)[a:b])
+          for a, b in zip(cuts, cuts[1:])]
+    ps += [dict(name="u", global_shape=(10,), dtype=T.dtype, box=[[a, b]], array=np.arange(a, b, dtype=float))
+           for a, b in ((0, 3), (3, 10))]
+    path = store.save(None, tmp_path, 1, ps, {})
+    index = store.load_index(path)
+    boxes = [[[0, 6], [0, 5], [0, 4]], [[1, 3], [0, 5], [0, 4]], [[2, 5], [1, 4], [0, 4]],
+             [[0, 6], [2, 3], [1, 3]], [[5, 6], [4, 5], [3, 4]], [[0, 6], [0, 5], [2, 2]]]
+    boxes += [[sorted(rng.integers(0, n + 1, 2).tolist()) for n in T.shape] for _ in range(20)]
+    for box in boxes:
+        store.reset_reads()
+        got = store.read_region(path, index, "t", box=box)
+        assert np.array_equal(got, T[tuple(slice(a, b) for a, b in box)]), box
+        assert store.READS["read"] == store.READS["needed"] == got.nbytes, (box, store.READS)
+    for a, b in ((0, 120), (7, 9), (60, 61), (3, 3)):
+        store.reset_reads()
+        assert np.array_equal(store.read_region(path, index, "t", flat=[a, b]), T.reshape(-1)[a:b])
+        assert store.READS["read"] == store.READS["needed"] == 8 * (b - a)
+    store.reset_reads()
+    assert np.array_equal(store.read_region(path, index, "u", flat=[2, 5]), [2.0, 3.0, 4.0])
+    assert store.READS["read"] == store.READS["needed"] == 24
+    assert store.READS["checked"] == 0          # the file's sha256 was checked once, earlier
 
 
 @pytest.mark.parametrize("fault", ["flipped byte", "truncated", "missing"])
@@ -358,3 +392,71 @@ def test_a_tensor_no_rank_wrote_is_refused_before_publishing(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith("step")]
     store.save(None, str(tmp_path), 1, [piece], {}, require={"model.w"})
     assert store.verify(str(tmp_path)) == []
+
+
+def test_latest_is_flushed_and_fsynced_before_it_replaces_the_old(tmp_path, monkeypatch):
+    """The order of the calls that publish `latest`: its temporary file written, flushed
+    (Python's buffer into the kernel) and fsynced (the kernel's onto the disk) BEFORE
+    os.replace puts it in place, and the folder fsynced after. A replace first could
+    leave, after a power cut, a `latest` that is empty: no checkpoint found at all."""
+    calls, fds = [], {}
+
+    class Recorded:
+        def __init__(self, f, name):
+            self.f, self.name = f, name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("close", self.name))
+            fds.pop(self.f.fileno(), None)           # the number may name a folder next
+            return self.f.__exit__(*exc)
+
+        def write(self, text):
+            calls.append(("write", self.name))
+            return self.f.write(text)
+
+        def flush(self):
+            calls.append(("flush", self.name))
+            return self.f.flush()
+
+        def fileno(self):
+            fds[self.f.fileno()] = self.name
+            return self.f.fileno()
+
+        def __getattr__(self, attr):
+            return getattr(self.f, attr)
+
+    real_open, real_fsync, real_replace = open, os.fsync, os.replace
+    monkeypatch.setattr(store, "open", lambda path, *a, **k: Recorded(real_open(path, *a, **k),
+                                                                       os.path.basename(path)), raising=False)
+    monkeypatch.setattr(store.os, "fsync", lambda fd: calls.append(("fsync", fds.get(fd, "a folder")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(store.os, "replace", lambda a, b: calls.append(("replace", os.path.basename(a)))
+                        or real_replace(a, b))
+    store.save(None, tmp_path, 1, pieces(1), {})
+    assert (tmp_path / "latest").read_text() == "step00000001\n"
+    mine = [c for c in calls if c[1] in ("latest.tmp", "a folder") or c[0] == "replace"]
+    i = mine.index(("replace", "latest.tmp"))
+    before = [c for c in mine[:i] if c[1] == "latest.tmp"]
+    assert before[:1] == [("write", "latest.tmp")], calls
+    assert ("flush", "latest.tmp") in before and ("fsync", "latest.tmp") in before, \
+        f"latest.tmp must be flushed and fsynced before os.replace: {mine}"
+    assert before.index(("flush", "latest.tmp")) < before.index(("fsync", "latest.tmp")), mine
+    assert ("fsync", "a folder") in mine[i + 1:], f"the folder is fsynced after the replace: {mine}"
+
+
+def test_a_weights_only_checkpoint_given_to_resume_says_so(tmp_path):
+    """What `checkpoint import` writes (weights, no optimizer state) is not a run to resume:
+    the message says that, not "(another model?)"."""
+    from mpi4py import MPI
+    from minidist.checkpoint import layouts
+    from minidist.model import GPT, GPTConfig
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8))
+    ps = [dict(name="model." + n, global_shape=p.data.shape, dtype=p.data.dtype,
+               box=[[0, k] for k in p.data.shape], array=np.asarray(p.data)) for n, p in model.named_parameters()]
+    store.save(None, tmp_path, 0, ps, {"layout": {"kind": "single"}})
+    with pytest.raises(CheckpointError, match="weights only") as e:
+        layouts.load(MPI.COMM_SELF, str(tmp_path), model, model.configure_optimizers(0.1, 1e-3))
+    assert "another model" not in str(e.value)

@@ -61,3 +61,44 @@ def test_float32_steps_are_bit_for_bit(stage, tmp_path):
     assert out[0][0].dtype == np.float32
     assert all(np.array_equal(a, b) for a, b in zip(*out))
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("stage, clip", [(2, 0.0), (3, 0.1)])
+def test_gradients_in_a_file_and_a_prefetching_reader_keep_the_bits(stage, clip, tmp_path):
+    """ZeRO-Offload's gradients (offload_grads: the reduced partition goes to a file as it
+    arrives) and the reader thread that fetches the next chunk during this one's step:
+    in turn or prefetched, the same bits as in memory; the reads run on the reader thread,
+    and each step reads the gradients from the file (clipped ones are written there first)."""
+    import threading
+    cfg = GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=8, dtype="float64")
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 64, (4, 8)), rng.integers(0, 64, (4, 8))
+    out, threads = [], set()
+    for kw, prefetch in (({}, None), (dict(offload="disk", offload_dir=str(tmp_path), chunk_bytes=40), False),
+                         (dict(offload="disk", offload_dir=str(tmp_path), chunk_bytes=40), True)):
+        model = GPT(cfg, seed=5)
+        opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95))
+        units = Units(model, MPI.COMM_SELF) if stage == 3 else None
+        with ZeRO(model, opt, MPI.COMM_SELF, stage, units=units, **kw) as z:
+            if kw:
+                z.offload.offload_grads()
+                z.offload.prefetch = prefetch
+                read = z.offload.store.read
+                z.offload.store.read = lambda *a: threads.add((prefetch, threading.get_ident())) or read(*a)
+            for _ in range(2):
+                train_step(model, z, [(x, y, None)], 1e-2, grad_clip=clip, dp=z)
+                if kw:
+                    store = z.offload.store
+                    assert all(np.shares_memory(q.grad, store.maps["grad"]) for g in z.groups for q in g.pieces)
+            if kw:
+                held = sum(g.hi - g.lo for g in z.groups)
+                assert store.stats["read_by_kind"]["grad"] == 2 * 8 * held, store.stats
+            out.append([np.array(q.data) for g in z.groups for q in g.pieces] +
+                       [np.array(z.inner.state[id(q)][k]) for g in z.groups for q in g.pieces
+                        for k in ("exp_avg", "exp_avg_sq")])
+    assert all(np.array_equal(a, b) for a, b in zip(out[0], out[1]))
+    assert all(np.array_equal(a, b) for a, b in zip(out[0], out[2]))
+    main = threading.get_ident()
+    assert {t for p, t in threads if p is False} == {main}
+    assert main not in {t for p, t in threads if p is True}, "prefetch: the reads should run on the reader"
+    assert not os.listdir(tmp_path)

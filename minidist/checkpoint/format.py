@@ -164,6 +164,44 @@ def read_tensor(path, name, header=None):
     return np.frombuffer(buf, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(e["shape"])
 
 
+def read_ranges(path, name, ranges, header=None):
+    """Elements of tensor `name` (flattened in C order) in `ranges`, [(start, stop), ...]
+    in the order given, concatenated: one seek and one read per range (ranges that touch
+    are read together), so only those bytes leave the file. Returns (1-D array, bytes read).
+    A rank loading a box of a tensor that ZeRO saved as flat ranges reads this way."""
+    header = read_header(path) if header is None else header
+    if name not in header or name == "__metadata__":
+        raise CheckpointError(f"{path}: holds no tensor {name!r}")
+    e = header[name]
+    begin, end = e["data_offsets"]
+    dtype = dtype_from_name(CODES[e["dtype"]]).newbyteorder("<")
+    count = (end - begin) // dtype.itemsize
+    merged = []
+    for a, b in ranges:
+        a, b = int(a), int(b)
+        if not 0 <= a <= b <= count:
+            raise CheckpointError(f"{path}: elements [{a}, {b}) lie outside tensor {name!r} ({count})")
+        if b == a:
+            continue
+        if merged and merged[-1][1] == a:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b])
+    buf = bytearray(sum(b - a for a, b in merged) * dtype.itemsize)
+    view, done = memoryview(buf), 0
+    try:
+        with open(path, "rb") as f:
+            for a, b in merged:
+                n = (b - a) * dtype.itemsize
+                f.seek(header.data_start + begin + a * dtype.itemsize)
+                if f.readinto(view[done:done + n]) != n:
+                    raise CheckpointError(f"{path}: tensor {name!r} is cut short: truncated")
+                done += n
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e.strerror or e})") from None
+    return np.frombuffer(buf, dtype).astype(dtype.newbyteorder("="), copy=False), len(buf)
+
+
 def read_safetensors(path):
     """Every tensor of the file, {name: array} (the metadata: read_header(path)["__metadata__"])."""
     header = read_header(path)

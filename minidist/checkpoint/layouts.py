@@ -361,6 +361,7 @@ def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, st
     schedule's position (batches, the schedule and dropout masks are functions of it).
     state: the run's other state, {"shared": {...}, "per_rank": {...}} (state_pieces)."""
     from minidist.checkpoint import store
+    import dataclasses
     import json
     pieces, opt_step = pieces_of(model, opt, comm, zero)
     pieces += state_pieces(comm, state)
@@ -368,6 +369,8 @@ def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, st
     mine = sorted(expected_tensors(model, zero, with_optimizer=opt_step > 0))
     require = set().union(*(json.loads(t) for t in _allgather_bytes(comm, json.dumps(mine).encode())))
     meta = dict(meta or {}, train_step=int(train_step), optimizer_step=opt_step, layout=layout_of(comm, zero, model))
+    if dataclasses.is_dataclass(getattr(model, "config", None)):      # the shape export writes out
+        meta.setdefault("model", dataclasses.asdict(model.config))
     return store.save(comm, root, int(train_step), pieces, meta, keep=keep, require=require)
 
 
@@ -387,6 +390,10 @@ def load(comm, path, model, opt, zero=None):
     def work():
         ckpt = store.resolve(path)
         index = store.load_index(ckpt)
+        names = index["tensors"]
+        if any(n.startswith("model.") for n in names) and not any(n.startswith("optim.") for n in names):
+            raise CheckpointError(f"{ckpt}: weights only (no AdamW m, v, step): resume from what "
+                                  "a training run saved")
         store.check_against(index, expected, extra_ok=True)
         extra = sorted(n for n in set(index["tensors"]) - union if not n.startswith(("run.", "rank.")))
         if extra:

@@ -41,6 +41,12 @@ after-latest makes save kill its own process there (SIGKILL), for the tests;
 MINIDIST_CKPT_KILL_RANK=r makes only rank r of a job die (after-data is on every rank,
 the later stages on rank 0).
 
+Reading a region (read_region) opens only the files whose pieces overlap it, and from a
+piece of another kind (a TP box out of ZeRO's flat ranges, or the reverse) reads only
+the overlapping bytes: both regions become runs of the flattened tensor (flat_runs), the
+runs are intersected (overlap_runs) and each overlap is one seek and read
+(format.read_ranges). READS counts the bytes needed, read, and read for checksums.
+
 Coverage is counted with one uint8 per element of each global tensor, on rank 0 only:
 simple, and at this course's model sizes a few MB. Reading checks each file's size and
 sha256 against the index the first time this process reads it (verdicts are cached), so
@@ -57,7 +63,7 @@ import sys
 import numpy as np
 
 from minidist.checkpoint.format import (NAMES, CheckpointError, dtype_from_name, read_header,
-                                        read_tensor, sha256_of, write_safetensors)
+                                        read_ranges, read_tensor, sha256_of, write_safetensors)
 
 FORMAT, VERSION = "minidist-checkpoint", 1
 STEP_DIR = re.compile(r"^step(\d{8,})$")
@@ -409,6 +415,18 @@ def check_against(index, expected, extra_ok=False):
 
 _verdicts = {}     # (path, sha256, size, mtime) -> header, or the CheckpointError message
 
+# What this process's reads cost, in bytes (reset_reads() starts again): "needed", the
+# regions asked for; "read", the tensor bytes read from files to build them; "checked",
+# the whole files read once each to check their sha256 against the index.
+READS = {"needed": 0, "read": 0, "checked": 0}
+
+
+def reset_reads():
+    """Zero READS; returns its values before."""
+    before = dict(READS)
+    READS.update(needed=0, read=0, checked=0)
+    return before
+
 
 def _checked_header(ckpt, index, fname):
     """The file's header, after checking its size and sha256 against the index (once per process)."""
@@ -424,7 +442,7 @@ def _checked_header(ckpt, index, fname):
     if key not in _verdicts:
         if st.st_size != want["size"]:
             _verdicts[key] = f"{path}: {st.st_size} bytes, the index says {want['size']}: truncated, appended to or replaced"
-        elif sha256_of(path) != want["sha256"]:
+        elif _counted_sha256(path, st.st_size) != want["sha256"]:
             _verdicts[key] = f"{path}: its sha256 differs from the index's: the file is corrupted"
         else:
             try:
@@ -437,6 +455,11 @@ def _checked_header(ckpt, index, fname):
     return verdict
 
 
+def _counted_sha256(path, size):
+    READS["checked"] += size
+    return sha256_of(path)
+
+
 def _tensor_entry(index, name):
     if name not in index["tensors"]:
         raise CheckpointError(f"the checkpoint holds no tensor {name!r}")
@@ -446,13 +469,16 @@ def _tensor_entry(index, name):
 
 def _read_piece(ckpt, index, p):
     fname = p["file"]
-    return read_tensor(os.path.join(ckpt, fname), p["key"], _checked_header(ckpt, index, fname))
+    data = read_tensor(os.path.join(ckpt, fname), p["key"], _checked_header(ckpt, index, fname))
+    READS["read"] += data.nbytes
+    return data
 
 
 def read_global(ckpt, index, name):
     """The whole global tensor `name`, assembled from its pieces."""
     t, shape, dtype = _tensor_entry(index, name)
     out = np.empty(shape, dtype)
+    READS["needed"] += out.nbytes
     for p in t["pieces"]:
         data = _read_piece(ckpt, index, p)
         if "box" in p:
@@ -476,13 +502,59 @@ def copy_overlap(out, out_box, piece, piece_box):
     return True
 
 
+def flat_runs(region, shape):
+    """A region of a tensor of `shape` as runs of the tensor flattened in C order:
+    (starts, lengths), two int64 arrays, increasing. A flat range is one run; a box is one
+    run per row of its leading dimensions, the trailing dimensions it spans whole merged
+    into each run (a box of whole rows is one run)."""
+    if "flat" in region:
+        a, b = (int(v) for v in region["flat"])
+        return np.array([a], np.int64), np.array([b - a], np.int64)
+    box = [(int(a), int(b)) for a, b in region["box"]]
+    if not shape:
+        return np.array([0], np.int64), np.array([1], np.int64)
+    if any(b <= a for a, b in box):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
+    k = len(shape) - 1
+    while k > 0 and box[k] == (0, shape[k]):
+        k -= 1                            # dimensions k+1.. are whole: part of every run
+    starts = np.zeros(1, np.int64)
+    for j in range(k):
+        starts = (starts[:, None] + np.arange(*box[j], dtype=np.int64)[None, :] * strides[j]).reshape(-1)
+    starts += box[k][0] * strides[k]
+    return starts, np.full(starts.size, (box[k][1] - box[k][0]) * strides[k], np.int64)
+
+
+def overlap_runs(want, have):
+    """Where two regions' runs meet: [(position in want's elements, position in have's
+    elements, count)], in increasing order. want, have: (starts, lengths) of flat_runs;
+    a region's elements are its runs end to end (a box's in C order, as a piece stores it)."""
+    (ws, wl), (hs, hl) = want, have
+    wo = np.concatenate([[0], np.cumsum(wl)[:-1]]).astype(np.int64)
+    ho = np.concatenate([[0], np.cumsum(hl)[:-1]]).astype(np.int64)
+    out = []
+    swap = ws.size < hs.size              # loop over the shorter list, vectorised over the other
+    (ls, ll, lo_), (vs, vl, vo) = ((ws, wl, wo), (hs, hl, ho)) if swap else ((hs, hl, ho), (ws, wl, wo))
+    for s, n, o in zip(ls, ll, lo_):
+        lo, hi = np.maximum(vs, s), np.minimum(vs + vl, s + n)
+        hit = lo < hi
+        pos_v, pos_l = vo[hit] + lo[hit] - vs[hit], o + lo[hit] - s
+        pairs = (pos_l, pos_v) if swap else (pos_v, pos_l)
+        out += list(zip(pairs[0].tolist(), pairs[1].tolist(), (hi[hit] - lo[hit]).tolist()))
+    return out                            # both lists increase: so do the overlaps
+
+
 def read_region(ckpt, index, name, box=None, flat=None):
     """One region of tensor `name`: a box [[start, stop], ...] or a flat range [start, stop].
 
-    Reads only the pieces that overlap it when the pieces are of the region's kind (boxes
-    for a box, flat ranges for a flat range): a rank loading under another layout reads
-    what it needs. A box asked of flat pieces, or the reverse, reads the whole tensor
-    (read_global) and slices it: simple, and those reshardings are rare (ZeRO to TP)."""
+    Only the pieces that overlap the region are read (the other files are not opened).
+    A box asked of box pieces (tensor parallelism resumed from tensor parallelism) copies
+    each overlapping piece's overlap with copy_overlap (exercise 11.2), reading the piece
+    whole. Any other pair (a TP box out of ZeRO's flat ranges, a ZeRO range out of TP's
+    boxes, ranges out of ranges) intersects the two as runs of the flattened tensor
+    (flat_runs) and reads only the overlapping bytes of each file, one seek and read per
+    run (format.read_ranges). READS counts the bytes needed and the bytes read."""
     t, shape, dtype = _tensor_entry(index, name)
     if (box is None) == (flat is None):
         raise ValueError("read_region takes exactly one of box= and flat=")
@@ -490,27 +562,39 @@ def read_region(ckpt, index, name, box=None, flat=None):
         box = [(int(a), int(b)) for a, b in box]
         if len(box) != len(shape) or any(not 0 <= a <= b <= n for (a, b), n in zip(box, shape)):
             raise CheckpointError(f"tensor {name!r}: box {box} lies outside its shape {shape}")
-        if not all("box" in p for p in t["pieces"]):
-            return read_global(ckpt, index, name)[tuple(slice(a, b) for a, b in box)].copy()
         out = np.empty([b - a for a, b in box], dtype)
+        region = {"box": box}
+    else:
+        a, b = (int(v) for v in flat)
+        total = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= a <= b <= total:
+            raise CheckpointError(f"tensor {name!r}: flat range [{a}, {b}) lies outside its {total} elements")
+        out = np.empty(b - a, dtype)
+        region = {"flat": [a, b]}
+    READS["needed"] += out.nbytes
+    if not out.size:
+        return out
+    if box is not None and all("box" in p for p in t["pieces"]):
         copy = getattr(sys.modules[__name__], "copy_overlap")      # exercise 11.2, looked up now
-        for p in t["pieces"] if out.size else []:
+        for p in t["pieces"]:
             if any(max(a, c) >= min(b, d) for (a, b), (c, d) in zip(box, p["box"])):
                 continue                                   # no overlap: this file is not read
             copy(out, box, _read_piece(ckpt, index, p), p["box"])
         return out
-    a, b = (int(v) for v in flat)
-    total = int(np.prod(shape, dtype=np.int64))
-    if not 0 <= a <= b <= total:
-        raise CheckpointError(f"tensor {name!r}: flat range [{a}, {b}) lies outside its {total} elements")
-    if not all("flat" in p for p in t["pieces"]):
-        return read_global(ckpt, index, name).reshape(-1)[a:b].copy()
-    out = np.empty(b - a, dtype)
+    want, flat_out = flat_runs(region, shape), out.reshape(-1)
+    first, last = int(want[0][0]), int(want[0][-1] + want[1][-1])
     for p in t["pieces"]:
-        c, d = p["flat"]
-        lo, hi = max(a, c), min(b, d)
-        if lo < hi:
-            out[lo - a:hi - a] = _read_piece(ckpt, index, p).reshape(-1)[lo - c:hi - c]
+        if "flat" in p and (p["flat"][1] <= first or p["flat"][0] >= last):
+            continue                                       # outside the region's span: not read
+        hits = overlap_runs(want, flat_runs(p, shape))
+        if not hits:
+            continue                                       # no overlap: this file is not read
+        path = os.path.join(ckpt, p["file"])
+        data, nbytes = read_ranges(path, p["key"], [(h, h + n) for _, h, n in hits],
+                                   _checked_header(ckpt, index, p["file"]))
+        READS["read"] += nbytes
+        idx = np.concatenate([np.arange(w, w + n, dtype=np.int64) for w, _, n in hits])
+        flat_out[idx] = data
     return out
 
 

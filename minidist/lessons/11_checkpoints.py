@@ -14,11 +14,15 @@ Compared, in float64: the losses of every step and the final weights of (the fir
 under the saving layout, then the rest resumed under the other layout) against one
 process trained without a stop. Printed: what each save wrote (files, which rank wrote
 which pieces, bytes per rank, time), what the killed save left behind and that the
-previous checkpoint still verifies, the load's time, and the verdict. The checkpoints
-stay in --dir (a temporary folder by default, removed at the end).
+previous checkpoint still verifies, the load's time and the bytes it needed beside the
+bytes it read, and the verdict (after a MISMATCH, whether it looks like drift or a
+resume bug). With --offload disk: memory, bytes moved and the optimizer step's time with
+and without prefetching the next chunk. The checkpoints stay in --dir (by default a
+temporary folder, removed however the run ends, SIGKILL aside).
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,8 +92,25 @@ def offload_kw(args, root, part):
     return {"offload": "disk", "offload_dir": os.path.join(root, f"offload-{part}")}
 
 
+def timed_steps(comm, offloaded, prefetch, repeats=3):
+    """The optimizer step alone (the gradients of the last step stay), slowest rank, best of
+    `repeats`: with the reader thread (prefetch) or reading each chunk in turn."""
+    offloaded.prefetch = prefetch
+    best, reading = float("inf"), 0.0
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        offloaded.step()
+        t = common.mpi_reduce(comm, time.perf_counter() - t0)
+        if t < best:
+            best, reading = t, common.mpi_reduce(comm, offloaded.read_seconds)
+    offloaded.prefetch = True
+    return best, reading
+
+
 def offload_report(comm, args, cfg, data, root):
-    """Resident memory that one ZeRO step of the same layout adds, offloaded and in memory."""
+    """Resident memory that one ZeRO step of the same layout adds, offloaded and in memory;
+    the optimizer step's time with the next chunk's read overlapped and without."""
     import gc
     from minidist.parallel.offload import rss_bytes
     name = args.resume_layout if args.resume_layout.startswith("zero") else args.save_layout
@@ -103,26 +124,50 @@ def offload_report(comm, args, cfg, data, root):
         runs.train(run, data, args.batch_size, 0, 1, args.lr, args.grad_clip, args.seed)
         seconds = common.mpi_reduce(comm, time.perf_counter() - t0)
         grew = common.mpi_reduce(comm, float(rss_bytes() - before))
-        moved = run.zero.offload_bytes()
-        held = sum(a.nbytes for s in run.zero.inner.state.values() for a in s.values() if hasattr(a, "nbytes"))
+        moved = dict(run.zero.offload_bytes())
+        moved["read_by_kind"] = dict(moved.get("read_by_kind", {}))
         shards = sum(g.shard.nbytes for g in run.zero.groups) if run.zero.stage == 3 else 0
-        out[kind] = (grew, moved, held + shards, shards, seconds)
+        files = run.zero.offload.store.file_bytes() if kind == "disk" else {}     # m, v, shards, grads
+        overlap = None
+        if kind == "disk":            # the step alone, in turn then overlapped, alternating
+            serial = timed_steps(comm, run.zero.offload, False)
+            ahead = timed_steps(comm, run.zero.offload, True)
+            overlap = (min(serial, timed_steps(comm, run.zero.offload, False)),
+                       min(ahead, timed_steps(comm, run.zero.offload, True)))    # (seconds, reading)
+        out[kind] = (grew, moved, files, shards, seconds, overlap)
         run.zero.close()
         del run
-    (grew1, moved, state, shards, t1), (grew0, t0) = out["disk"], (out["none"][0], out["none"][4])
-    steps = max(1, moved["steps"])
-    say(f"\noffload to disk ({name}): AdamW's m and v of each rank's partition"
-        + (" and its shards" if name == "zero3" else "") + " live in files, stepped in chunks")
+    (grew1, moved, files, shards, t1, ((serial, reading), (ahead, _))), (grew0, t0) = \
+        out["disk"], (out["none"][0], out["none"][4])
+    state, kept = files["exp_avg"] + files["exp_avg_sq"], sum(files.values())
+    by = moved["read_by_kind"]
+    grads = by.get("grad", 0)
+    say(f"\noffload to disk ({name}): each rank's AdamW m and v"
+        + (", its shards" if name == "zero3" else "") + " and reduced gradients live in files,\n"
+        "  stepped in chunks; in memory stay the weights"
+        + (" of the unit being computed" if name == "zero3" else " (all of them at stage 1, 2)")
+        + ", the activations\n  and two chunks of buffers per kind")
     say(f"  resident memory one step of {name} added, largest rank: in memory {fmt_bytes(grew0)}, "
-        f"offloaded {fmt_bytes(grew1)}\n  (difference {fmt_bytes(grew0 - grew1)}, beside the {fmt_bytes(state)} per rank "
+        f"offloaded {fmt_bytes(grew1)}\n  (difference {fmt_bytes(grew0 - grew1)}, beside the {fmt_bytes(kept)} per rank "
         f"kept in files; glibc keeps freed\n  memory unless MALLOC_MMAP_THRESHOLD_=131072: small models blur it)")
-    say(f"  per step and rank: read {fmt_bytes(moved['bytes_read'] / steps)}, written "
-        f"{fmt_bytes((moved['bytes_written'] - shards) / steps)}"
-        + (f" (+ the shards, {fmt_bytes(shards)}, once at the start)" if shards else ""))
-    say(f"  the step's time, slowest rank: {t0 * 1e3:.1f} ms in memory, {t1 * 1e3:.1f} ms offloaded "
-        f"(one step each: compare, do not quote)")
+    say(f"  the step read, per rank: m and v {fmt_bytes(by.get('exp_avg', 0) + by.get('exp_avg_sq', 0))}"
+        + (f", shards {fmt_bytes(by.get('param', 0))}" if shards else "")
+        + f", gradients {fmt_bytes(grads)}")
+    say(f"  the whole step, slowest rank: {t0 * 1e3:.1f} ms in memory, {t1 * 1e3:.1f} ms offloaded\n"
+        f"  (one step each: compare, do not quote)")
+    say(f"  the optimizer step alone, slowest rank, best of 6: each chunk read in turn {serial * 1e3:.1f} ms;\n"
+        f"  the next chunk read by a second thread while this one steps {ahead * 1e3:.1f} ms: "
+        f"ratio {serial / ahead:.2f}")
+    say(f"  (reading took {reading * 1e3:.1f} ms of the step in turn: overlap can hide at most that, a ratio"
+        f" of at\n  most {serial / max(serial - reading, reading, 1e-12):.2f}, and only with a core free"
+        f" for the reader)")
+    cores = os.cpu_count() or 1
+    if comm.Get_size() >= cores:
+        say(f"  ({harness.ranks(comm.Get_size())} on {cores} cores: no core is free for the reader threads,"
+            f" so expect no gain here)")
     return {"rss_added_in_memory": grew0, "rss_added_offloaded": grew1, "state_bytes": state,
-            "step_s_in_memory": t0, "step_s_offloaded": t1, **moved}
+            "files_bytes": kept, "step_s_in_memory": t0, "step_s_offloaded": t1, "optimizer_step_s_in_turn": serial,
+            "optimizer_step_s_prefetched": ahead, "optimizer_step_s_reading": reading, "prefetch_speedup": serial / ahead, **moved}
 
 
 def run_meta(args, step):
@@ -159,6 +204,56 @@ def describe_save(path, comm):
     return lines
 
 
+def pasteable(command, indent="    ", width=96):
+    """A shell command over lines of at most `width` columns, each but the last ending in \\."""
+    lines, line = [], indent
+    for word in command.split():
+        if len(line) + len(word) + 3 > width and line.strip():
+            lines.append(line + " \\")
+            line = indent + "    "
+        line += ("" if not line.strip() else " ") + word
+    return "\n".join(lines + [line])
+
+
+def describe_reads(reads):
+    """Lines: the bytes the load needed, read, and read to check checksums, summed over the ranks."""
+    extra = reads["read"] - reads["needed"]
+    how = ("no byte more than needed\n  (of a piece that overlaps only in part, only the overlap:"
+           " one seek and read per run)" if extra <= 0 else
+           f"{extra:,} B more\n  (a box out of box pieces reads each overlapping piece whole)")
+    return [f"  all ranks: the new layout's regions {reads['needed']:,} B (a replicated tensor counts for"
+            f" each rank\n  that holds it); tensor bytes read {reads['read']:,} B: {how}",
+            f"  the sha256 checks read each file a rank opened, in full, once: {reads['checked']:,} B"]
+
+
+def explain_mismatch(want, got, resumed_at, args, tol, first_step=0):
+    """Lines after a MISMATCH: where along the run the losses parted, and what that suggests.
+    want, got: the losses compared, the first of step `first_step`; resumed_at: the index
+    of the first loss after the resume (0: the run began with the resume)."""
+    rel = [abs(a - b) / max(abs(a), 1e-300) for a, b in zip(want, got)]
+    first = next((i for i, r in enumerate(rel) if r > tol), None)
+    if first is None:
+        return ["  the losses agree within the tolerance; the final weights differ: the last steps",
+                "  drifted, or the last update after the resume went wrong (compare more steps)"]
+    out = [f"  the losses' relative difference: {rel[0]:.1e} at step {first_step}"
+           + (f", {rel[resumed_at - 1]:.1e} at the save (step {first_step + resumed_at - 1})" if resumed_at else ""),
+           f"  and {rel[-1]:.1e} at the last step; first beyond {tol:.0e} at step {first_step + first}"]
+    if resumed_at and first < resumed_at:
+        out += ["  It grew before the resume: drift, not a resume bug. Another layout sums in another",
+                "  order (differences of 1e-16 a step); a large learning rate over many steps",
+                f"  (--lr {args.lr:g}, {args.steps} steps) amplifies them step after step, as chaotic",
+                "  dynamics do. A resume bug (a state not saved or not restored: m, v, the step count,",
+                "  the data position) shows as a jump just after the resume. The 1e-10 check is for",
+                "  short runs: try fewer --steps or a smaller --lr."]
+    else:
+        out += [f"  They parted at step {first_step + first}, at or after the resume (step "
+                f"{first_step + resumed_at}), not before:",
+                "  suspect the resume (a state not saved or not restored: m, v, the step count, the",
+                "  data position), not drift; a difference that grows slowly over many steps at a large",
+                "  learning rate can still be drift: rerun with fewer --steps or a smaller --lr."]
+    return out
+
+
 def killed_save(root, latest_before):
     """A save killed by SIGKILL after its index is written, before it is published: run in a
     child process (one process that loads the latest checkpoint and saves it again)."""
@@ -179,21 +274,58 @@ def killed_save(root, latest_before):
     return proc.returncode, left, after, problems
 
 
+def make_root(comm, args):
+    """The checkpoints' folder on every rank: --dir (made if missing), or a new temporary one.
+    A folder that cannot be made or written is one line and exit 2 on every rank."""
+    problem, root = "", ""
+    if comm.Get_rank() == 0:
+        try:
+            if args.dir:
+                root = os.path.abspath(args.dir)
+                os.makedirs(root, exist_ok=True)
+                if not os.access(root, os.W_OK | os.X_OK):
+                    problem = f"--dir {args.dir}: the folder {root} is not writable"
+            else:
+                root = tempfile.mkdtemp(prefix="minidist-l11-")
+        except OSError as e:
+            problem = f"--dir {args.dir}: cannot make {root} ({e.strerror or e})"
+    problem = shared_text(comm, problem)
+    harness.need(not problem, problem)
+    return shared_text(comm, root)
+
+
+def _interrupted(signum, frame):
+    """SIGTERM (a scheduler's, or mpiexec passing one on) as Ctrl-C: the finally blocks run."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(args):
     comm = harness.comm_world()
-    rank, world = comm.Get_rank(), comm.Get_size()
+    world = comm.Get_size()
     args.grad_accum = 1
     cfg = common.config_from_args(args, world)
     check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
-    root = shared_text(comm, os.path.abspath(args.dir) if args.dir else tempfile.mkdtemp(prefix="minidist-l11-")
-                       if rank == 0 else "")
-    if args.dir and rank == 0:
-        os.makedirs(root, exist_ok=True)
+    root = make_root(comm, args)
+    if not args.dir:                  # a temporary folder goes whatever way the run ends
+        signal.signal(signal.SIGTERM, _interrupted)
+    done = False
+    try:
+        code = lesson(comm, args, cfg, data, root)
+        done = True
+        return code
+    finally:     # normal end: rank 0, after the others; any other end: every rank, at once (the
+        if not args.dir and (comm.Get_rank() == 0 or not done):    # first to abort ends them all)
+            shutil.rmtree(root, ignore_errors=True)               # (SIGKILL alone leaves it)
+
+
+def lesson(comm, args, cfg, data, root):
+    rank, world = comm.Get_rank(), comm.Get_size()
     say(f"Lesson 11: checkpoints on {harness.ranks(world)}: save under {args.save_layout}, "
         f"resume under {args.resume_layout}\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} {cfg.dtype}, global batch "
-        f"{args.batch_size}, {args.steps} AdamW steps\ncheckpoints in {root}")
+        f"{args.batch_size}, {args.steps} AdamW steps\ncheckpoints in {root}"
+        + ("" if args.dir else "\n  (a temporary folder, removed at the end: --dir PATH keeps them)"))
 
     # the run that is never interrupted: one process on every rank (a small model)
     from mpi4py import MPI
@@ -219,18 +351,26 @@ def main(args):
             say(f"  the last save, {os.path.basename(path)}: {save_lines[-1][1] * 1e3:.1f} ms; one file per rank:")
             for line in describe_save(path, comm):
                 say(line)
-            say(f"  every piece, and which rank wrote it:\n    python -m minidist.checkpoint show {path}")
+            if args.dir:
+                say(f"  every piece, and which rank wrote it:\n    python -m minidist.checkpoint show {path}")
+            else:                     # this run's folder is gone when the student reads this
+                say(f"  every piece, and which rank wrote it (this run's folder is removed at the end):\n"
+                    f"{pasteable(harness.command_with(world, {'--dir': 'ckpts'}))}\n"
+                    f"    python -m minidist.checkpoint show ckpts/{os.path.basename(path)}")
             if args.kill and rank == 0:
                 killed = killed_save(root, path)
             comm.Barrier()
         # part 2: resume under the other layout
         resumed = runs.build(args.resume_layout, comm, cfg, args.seed + 1, args.lr,   # other weights: all replaced
                              **offload_kw(args, root, "part2"))
+        store.reset_reads()
         t0 = time.perf_counter()
         meta = layouts.load(comm, path, resumed.model, resumed.opt, resumed.zero)
     except CheckpointError as e:
         raise harness.InputError(str(e))
     load_s = time.perf_counter() - t0
+    reads = dict(zip(("needed", "read", "checked"), common.mpi_reduce(
+        comm, [store.READS[k] for k in ("needed", "read", "checked")], op="sum").astype(int).tolist()))
     start = int(meta["train_step"])
     for key, mine in (("seed", args.seed), ("batch_size", args.batch_size)):
         harness.need(meta.get(key, mine) == mine, f"the checkpoint was trained with --{key.replace('_', '-')} "
@@ -244,6 +384,8 @@ def main(args):
     say(f"\npart 2: {resumed.describe()}, steps {start}-{args.steps - 1}\n"
         f"  loaded {os.path.basename(store.resolve(path))} (saved by {meta['layout']['kind']} on "
         f"{harness.ranks(meta['layout']['ranks'])}) in {load_s * 1e3:.1f} ms")
+    for line in describe_reads(reads):
+        say(line)
     rest = runs.train(resumed, data, args.batch_size, start, args.steps, args.lr, args.grad_clip, args.seed)
     final = layouts.save(comm, root, args.steps, resumed.model, resumed.opt, resumed.zero, keep=args.keep)
     got = {n: store.read_global(final, store.load_index(final), f"model.{n}") for n, _ in ref.model.named_parameters()}
@@ -267,14 +409,15 @@ def main(args):
                                 match=bool(rel <= tol), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
                                 losses={"uninterrupted": have, "resumed": losses},
                                 figures={"save_ms": [t * 1e3 for _, t in save_lines], "load_ms": load_s * 1e3,
+                                         "load_bytes_needed": reads["needed"], "load_bytes_read": reads["read"],
+                                         "load_bytes_checksummed": reads["checked"],
                                          "resumed_from_step": start, "offload": offload,
                                          "killed_save_left_latest_intact": None if killed is None else
                                          bool(not killed[3] and killed[2] == store.resolve(path))})
-    if not args.dir and rank == 0:
-        comm.Barrier()
-        shutil.rmtree(root, ignore_errors=True)
-    elif not args.dir:
-        comm.Barrier()
+    if not report["match"]:
+        for line in explain_mismatch(have, losses, len(first), args, tol, 0 if not args.resume else start):
+            say(line)
+    comm.Barrier()                    # every rank is done with the folder before rank 0 removes it
     return harness.finish(report, args)
 
 

@@ -46,8 +46,9 @@ def problem(name, world, cfg):
 
 
 def build(name, comm, cfg, seed, lr, offload=None, offload_dir=None):
-    """A fresh run of layout `name` on `comm` from the seed's weights. offload="disk": the
-    ZeRO layouts keep AdamW's state (stage 3: the shards too) in files (parallel/offload.py)."""
+    """A fresh run of layout `name` on `comm` from the given seed's weights. offload="disk":
+    the ZeRO layouts keep AdamW's state (stage 3: the shards too) and the reduced gradient
+    partition in files (parallel/offload.py)."""
     from minidist.model import GPT
     from minidist.parallel.data_parallel import NaiveDataParallel
     full = GPT(cfg, seed=seed)
@@ -60,6 +61,8 @@ def build(name, comm, cfg, seed, lr, offload=None, offload_dir=None):
         opt = full.configure_optimizers(0.1, lr)
         kw = {"offload": offload, "offload_dir": offload_dir} if offload else {}
         zero = fsdp.FSDP(full, opt, comm, **kw) if name == "zero3" else ZeRO(full, opt, comm, int(name[-1]), **kw)
+        if offload == "disk":         # the reduced gradients go to a file too, as ZeRO-Offload's to CPU
+            zero.offload.offload_grads()
         return Run(name, comm, full, opt, zero, zero)
     if name == "tp":
         from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync

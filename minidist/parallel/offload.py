@@ -19,17 +19,33 @@ code sees (`zero.inner.state[id(q)]["exp_avg"]`, `group.shard`, a stage-3 piece'
 are plain ndarray views of those mappings, so a checkpoint reads and writes them as usual.
 
 The optimizer step goes chunk by chunk (at most `chunk_bytes` of each array at once): read
-m, v (and, stage 3, the shard) of one chunk into small buffers, run optim.AdamW's own step
-on a temporary Parameter over that chunk whose state points at the buffers, write the
-buffers back, and tell the kernel the chunk's pages may leave this process
-(madvise(MADV_DONTNEED) on the mapping: a shared file mapping keeps its data in the page
-cache and the file; only this process's resident set shrinks). AdamW is element-wise,
-so a chunk's update is the update of those elements: the bits equal the in-memory run's.
-The formula lives once, in optim.AdamW. After the step the dirty pages are flushed
-(msync), so the state really is in the files between steps.
+m, v (stage 3: the shard; offloaded: the gradient) of one chunk into small buffers, run
+optim.AdamW's own step on a temporary Parameter over that chunk whose state points at the
+buffers, write the buffers back, and tell the kernel the chunk's pages may leave this
+process (madvise(MADV_DONTNEED) on the mapping: a shared file mapping keeps its data in
+the page cache and the file; only this process's resident set shrinks). AdamW is
+element-wise, so a chunk's update is the update of those elements: the bits equal the
+in-memory run's. The formula lives once, in optim.AdamW. After the step the dirty pages
+are flushed (msync) and dropped from the page cache (posix_fadvise DONTNEED), so the
+state really is in the files between steps and the next step reads the disk.
 
-What a step moves, per rank (`stats`): each array read once and written once, so
-2 x 2 x partition bytes for m and v, plus 2 x partition bytes of shards with stage 3. The
+Prefetch (on by default, `prefetch=False` turns it off): a reader thread reads chunk i+1
+into a second set of buffers while chunk i steps (NumPy's copies and element-wise
+arithmetic release Python's lock, so the two overlap); the bits do not change.
+
+Gradients (`offload_grads()`, which lesson 11's offloaded runs call): as ZeRO-Offload
+(Ren et al. 2021) copies each reduced gradient partition to CPU memory during the
+backward, each group's add_grad is wrapped so the reduced partition goes into the
+`rank{R:05d}.grad.f64` file as it arrives, and the step reads it from there. Clipping
+(optim.clip_grad_norm) scales into a new array; the step writes that into the file first.
+
+What stays in memory: the weights the forward and backward use (stages 1, 2: all of
+them; stage 3: the gathered units), the activations, full-size gradients until they are
+reduced, and the chunk buffers (two sets with prefetch).
+
+What a step moves, per rank (`stats`; `stats["read_by_kind"]` splits the reads): each
+array read once and written once, so 2 x 2 x partition bytes for m and v, plus 2 x
+partition bytes of shards with stage 3, plus the gradients' when they are offloaded. The
 forward and backward gathers of stage 3 read the shards through the mapping (the page
 cache, or the disk if the kernel evicted them): those reads are not counted here; they
 bring the shards back into the resident set until the next step drops them again.
@@ -49,7 +65,9 @@ import mmap
 import os
 import shutil
 import tempfile
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -145,7 +163,7 @@ class DiskStore:
         os.makedirs(folder, exist_ok=True)
         self.folder, self.rank, self.chunk_bytes = str(folder), rank, int(chunk_bytes)
         self.maps, self.paths = {}, {}       # kind -> np.memmap (the whole file), its path
-        self.stats = {"bytes_read": 0, "bytes_written": 0, "steps": 0}
+        self.stats = {"bytes_read": 0, "bytes_written": 0, "steps": 0, "read_by_kind": {}}
         self._to_remove = []                 # the finalizer's own list: it must not hold self
         self._finalizer = weakref.finalize(self, _remove, self._to_remove, made)
         self.closed = False
@@ -181,6 +199,8 @@ class DiskStore:
         """File elements lo:hi into `out` (a buffer, host or device)."""
         out[...] = self.maps[kind][lo:hi] if xp is np else xp.asarray(self.maps[kind][lo:hi])
         self.stats["bytes_read"] += out.nbytes
+        by = self.stats["read_by_kind"]
+        by[kind] = by.get(kind, 0) + out.nbytes
 
     def write(self, kind, lo, arr):
         """`arr` into file elements lo:lo+arr.size."""
@@ -207,6 +227,19 @@ class DiskStore:
             if isinstance(mm, np.memmap):
                 mm.flush()
 
+    def evict(self):
+        """Ask the kernel to drop the files' clean pages from the page cache too (after
+        flush()), so the next step reads them from the disk, as the NVMe tier does; a
+        no-op where posix_fadvise is missing."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for path in self.paths.values():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
     def file_bytes(self):
         """{kind: size of its file on disk (its length, not the blocks it uses)}."""
         return {k: os.path.getsize(p) for k, p in self.paths.items()}
@@ -226,10 +259,15 @@ class OffloadedAdamW:
 
     inner: the ZeRO's AdamW over its pieces (zero.inner); its state dict keeps
     {"step", "exp_avg", "exp_avg_sq"} per piece as always, the two arrays being views of
-    the files. groups: the ZeRO's groups. shards: stage 3 (the groups' shards move too)."""
+    the files. groups: the ZeRO's groups. shards: stage 3 (the groups' shards move too).
+    grads: the reduced gradient partition goes to a file as it arrives (offload_grads()),
+    as ZeRO-Offload moves it to CPU memory during the backward; off by default (ZeRO's
+    own `offload="disk"` keeps the optimizer state and the shards in files).
+    prefetch: a reader thread fetches the next chunk while this one steps (False: in turn)."""
 
-    def __init__(self, inner, groups, store, shards=False):
+    def __init__(self, inner, groups, store, shards=False, grads=False, prefetch=True):
         self.inner, self.groups, self.store, self.shards = inner, groups, store, shards
+        self.prefetch = prefetch
         pieces = [q for g in groups for q in g.pieces]
         dtypes = {np.dtype(q.dtype) for q in pieces} or {np.dtype(groups[0].dtype if groups else np.float64)}
         if len(dtypes) > 1:
@@ -256,10 +294,24 @@ class OffloadedAdamW:
                     q.data = g.shard[start:start + q.size].reshape(q.shape)
             store.flush()
             store.drop("param")
+        self.spans, self.grads = spans, False
+        if grads:
+            self.offload_grads()
         self.initial_write = store.stats["bytes_written"]
         self.chunk = max(1, store.chunk_bytes // self.dtype.itemsize)
         self.buffers = None                  # chunk-sized scratch, made for each step and reused within it
+        self.read_seconds = 0.0
         self.runner = AdamW([Parameter(xp.zeros(1, self.dtype))])   # runs AdamW's step on one chunk
+
+    def offload_grads(self):
+        """From now on each group's reduced gradient partition goes to the "grad" file as it
+        arrives (its add_grad is wrapped), and the step reads it from there chunk by chunk."""
+        if self.grads or self.n == 0:
+            return
+        self.store.create("grad", self.n, self.dtype)
+        for g, b in self.spans:
+            g.add_grad = _grad_to_file(g, self.store, b)
+        self.grads = True
 
     def views(self, q):
         """{kind: the piece's elements of that file, shaped as the piece}."""
@@ -285,57 +337,107 @@ class OffloadedAdamW:
                 s[k] = views[k]
         return s
 
+    def _fetch(self, item, buf):
+        """Read one chunk's m, v (stage 3: shard; offloaded: gradient) into `buf` (the reader)."""
+        t0 = time.perf_counter()
+        _, q, _, a, b = item
+        o, store = self.offset[id(q)], self.store
+        for k in buf:
+            if k == "grad" and not self.grads:
+                buf[k][:b - a] = q.grad.reshape(-1)[a:b]          # in memory
+            else:
+                store.read(k, o + a, o + b, buf[k][:b - a])
+        self.read_seconds += time.perf_counter() - t0
+
+    def _adopt_grad(self, q):
+        """Offloaded gradients: a piece whose gradient is not the file's (clipping scaled it
+        into a new array: optim.clip_grad_norm never writes into a shared one) has it
+        written into the file, and the piece points there again."""
+        o = self.offset[id(q)]
+        view = self.store.view("grad", o, o + q.size).reshape(q.shape)
+        if not _is_view_of(q.grad, view):
+            self.store.write("grad", o, q.grad)
+            q.grad = view
+
     def step(self):
-        """AdamW on every piece that has a gradient, chunk by chunk through the files."""
+        """AdamW on every piece that has a gradient, chunk by chunk through the files; with
+        prefetch, chunk i+1 is read by a second thread while chunk i steps (double buffers)."""
         if self.store.closed:
             raise RuntimeError("this ZeRO's offload files were removed (close()): it cannot step any more")
         store, c = self.store, self.chunk
-        if self.buffers is None:
-            kinds = KINDS + (("param",) if self.shards else ())
-            self.buffers = {k: xp.empty(min(c, max(self.n, 1)), self.dtype) for k in kinds}
-        runner, buf = self.runner, self.buffers
-        runner.variance_frozen = self.inner.variance_frozen
+        self.read_seconds = 0.0              # this step's time in _fetch (the reader's, with prefetch)
+        work = []                            # (param group, piece, its state, a, b): every chunk
         for group in self.inner.param_groups:
             for q in group["params"]:
-                if q.grad is None:
-                    continue
-                s = self.state_of(q)
-                o, flat_g = self.offset[id(q)], q.grad.reshape(-1)
-                flat_p = None if self.shards else q.data.reshape(-1)   # stages 1, 2: the model's weights, in memory
-                after = None
-                for a in range(0, q.size, c):
-                    b = min(q.size, a + c)
-                    m, v = buf["exp_avg"][:b - a], buf["exp_avg_sq"][:b - a]
-                    store.read("exp_avg", o + a, o + b, m)
-                    store.read("exp_avg_sq", o + a, o + b, v)
-                    if self.shards:
-                        p = buf["param"][:b - a]
-                        store.read("param", o + a, o + b, p)
-                    else:
-                        p = flat_p[a:b]
-                    t = Parameter(p)
-                    t.grad = flat_g[a:b]
-                    chunk_state = {"step": s["step"], "exp_avg": m, "exp_avg_sq": v}
-                    if "v_step" in s:
-                        chunk_state["v_step"] = s["v_step"]
-                    runner.param_groups = [{**group, "params": [t]}]
-                    runner.state = {id(t): chunk_state}
-                    runner.step()                        # optim.AdamW's own formula
-                    store.write("exp_avg", o + a, m)
-                    store.write("exp_avg_sq", o + a, v)
-                    if self.shards:
-                        store.write("param", o + a, p)
-                    for k in buf:
-                        store.drop(k, o + a, o + b)
-                    after = chunk_state
-                if after is not None:                    # every chunk stepped from the same count
-                    s["step"] = after["step"]
-                    if "v_step" in after:
-                        s["v_step"] = after["v_step"]
+                if q.grad is not None:
+                    if self.grads:
+                        self._adopt_grad(q)
+                    s = self.state_of(q)
+                    work += [(group, q, s, a, min(q.size, a + c)) for a in range(0, q.size, c)]
+        kinds = KINDS + (("param",) if self.shards else ()) + ("grad",)
+        size = min(c, max(self.n, 1))
+        sets = [{k: xp.empty(size, self.dtype) for k in kinds} for _ in range(2 if self.prefetch else 1)]
+        runner = self.runner
+        runner.variance_frozen = self.inner.variance_frozen
+        reader = ThreadPoolExecutor(1, "offload-prefetch") if self.prefetch and len(work) > 1 else None
+        try:
+            pending = reader.submit(self._fetch, work[0], sets[0]) if reader else None
+            for i, (group, q, s, a, b) in enumerate(work):
+                buf = sets[i % len(sets)]
+                if reader:
+                    pending.result()         # chunk i is in; start reading chunk i+1 now
+                    pending = reader.submit(self._fetch, work[i + 1], sets[(i + 1) % 2]) if i + 1 < len(work) else None
+                else:
+                    self._fetch(work[i], buf)
+                n = b - a
+                m, v = buf["exp_avg"][:n], buf["exp_avg_sq"][:n]
+                p = buf["param"][:n] if self.shards else q.data.reshape(-1)[a:b]   # stages 1, 2: in memory
+                t = Parameter(p)
+                t.grad = buf["grad"][:n]
+                chunk_state = {"step": s["step"], "exp_avg": m, "exp_avg_sq": v}
+                if "v_step" in s:
+                    chunk_state["v_step"] = s["v_step"]
+                runner.param_groups = [{**group, "params": [t]}]
+                runner.state = {id(t): chunk_state}
+                runner.step()                # optim.AdamW's own formula
+                o = self.offset[id(q)]
+                store.write("exp_avg", o + a, m)
+                store.write("exp_avg_sq", o + a, v)
+                if self.shards:
+                    store.write("param", o + a, p)
+                for k in store.maps:
+                    store.drop(k, o + a, o + b)
+                if b == q.size:              # the piece's last chunk: every chunk stepped from one count
+                    s["step"] = chunk_state["step"]
+                    if "v_step" in chunk_state:
+                        s["v_step"] = chunk_state["v_step"]
+        finally:
+            if reader:
+                reader.shutdown(wait=True)
         runner.param_groups, runner.state = [], {}
-        self.buffers = None                  # scratch too is not kept between steps
         store.flush()
+        store.evict()
         store.stats["steps"] += 1
+
+
+def _grad_to_file(group, store, base):
+    """group.add_grad, with the reduced partition accumulated in the "grad" file: the group's
+    grad and its pieces' grads become views of the file, and the pages leave the resident set."""
+    def add_grad(part):
+        part = part.astype(group.dtype, copy=False)
+        n = part.size
+        view = store.view("grad", base, base + n)
+        if group.grad is None:
+            store.write("grad", base, part)
+        else:                                # gradient accumulation: read, add, write back
+            old = np.empty(n, group.dtype)
+            store.read("grad", base, base + n, old)
+            store.write("grad", base, old + to_numpy(part).reshape(-1))
+        group.grad = view
+        for q, (_, off) in zip(group.pieces, group._piece_spans()):
+            q.grad = view[off:off + q.size].reshape(q.shape)
+        store.drop("grad", base, base + n)
+    return add_grad
 
 
 def _is_view_of(a, b):
