@@ -46,6 +46,20 @@ Three pieces, each in one place here:
    halves S and SKIPS the step; 2000 good steps in a row double S. S is a power of two,
    so scaling and unscaling are exact: the unscaled gradients equal the unscaled run's
    as long as nothing overflows. bf16 has fp32's exponent range and needs no scaling.
+   HYSTERESIS (GradScaler(hysteresis=h)): every overflowed step is still skipped, but S
+   is halved only at the h-th overflow since S last grew (or since the start); one
+   stray overflow does not cost a halving. The constants in use (defaults):
+   - PyTorch torch.amp.GradScaler: init_scale 2^16, growth_interval 2000, backoff 0.5,
+     no hysteresis (h = 1);
+   - Megatron-LM (megatron/core/optimizer/grad_scaler.py, DynamicGradScaler; flags
+     --initial-loss-scale 2^32, --loss-scale-window 1000, --hysteresis 2,
+     --min-loss-scale 1): a hysteresis counter that each overflow decrements, S halved
+     (never below min_scale) once it reaches 0, and reset to h only when S grows;
+   - DeepSpeed (fp16 config: initial_scale_power 16, i.e. 2^16, loss_scale_window 1000,
+     hysteresis 2, min_loss_scale 1; deepspeed/runtime/fp16/loss_scaler.py,
+     DynamicLossScaler, whose counter is reset when S grows, or after every good step
+     with consecutive_hysteresis).
+   This GradScaler counts as Megatron's does; the lesson's --hysteresis sets h.
 """
 import contextlib
 import math
@@ -253,13 +267,17 @@ class GradScaler:
     """
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, comm=None):
+                 growth_interval=2000, comm=None, hysteresis=1, min_scale=0.0):
         for name, v in (("init_scale", init_scale), ("growth_factor", growth_factor),
                         ("backoff_factor", backoff_factor)):
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a positive number, not {v}")
         if growth_interval < 1:
             raise ValueError(f"growth_interval must be at least 1, not {growth_interval}")
+        if hysteresis < 1 or not min_scale >= 0:
+            raise ValueError(f"hysteresis must be at least 1 and min_scale 0 or more, not {hysteresis} "
+                             f"and {min_scale}")
+        self.hysteresis, self.hysteresis_left, self.min_scale = int(hysteresis), int(hysteresis), min_scale
         self.scale, self.good_steps = float(init_scale), 0
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.comm = growth_interval, comm
@@ -278,16 +296,26 @@ class GradScaler:
     def update(self):
         self.history.append((self.scale, self.found_inf))
         self.skipped += bool(self.found_inf)
+        if self.found_inf:
+            self.hysteresis_left -= 1
+            if self.hysteresis_left > 0:        # within the hysteresis: skip, keep the scale
+                self.good_steps = 0
+                return
+        before = self.scale
         self.scale, self.good_steps = _lookup("update_scale")(
             self.scale, self.good_steps, self.found_inf, self.growth_factor, self.backoff_factor,
             self.growth_interval)
+        self.scale = max(self.scale, self.min_scale)
+        if self.scale > before:                 # Megatron resets the counter when S grows
+            self.hysteresis_left = self.hysteresis
 
     def state_dict(self):
         return {"scale": np.array(self.scale), "good_steps": np.array(self.good_steps),
-                "skipped": np.array(self.skipped)}
+                "skipped": np.array(self.skipped), "hysteresis_left": np.array(self.hysteresis_left)}
 
     def load_state_dict(self, d):
         self.scale, self.good_steps, self.skipped = float(d["scale"]), int(d["good_steps"]), int(d["skipped"])
+        self.hysteresis_left = int(d.get("hysteresis_left", self.hysteresis))
 
 
 def _lookup(name):

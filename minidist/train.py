@@ -40,13 +40,23 @@ class TrainConfig:
 def get_lr(it, cfg):
     """Linear warm-up for warmup_iters, then cosine decay to min_lr (nanoGPT's schedule)."""
     if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+        return linear_warmup(it, cfg.warmup_iters, cfg.learning_rate)
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if it >= decay_iters:
-        return cfg.min_lr
-    ratio = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+    return cosine_decay(it - cfg.warmup_iters, decay_iters - cfg.warmup_iters, cfg.learning_rate, cfg.min_lr)
+
+
+def linear_warmup(it, warmup, peak):
+    """The learning rate of warm-up step `it` (0-based) of `warmup`: peak x (it + 1)/(warmup + 1)."""
+    return peak * (it + 1) / (warmup + 1)
+
+
+def cosine_decay(done, length, peak, floor):
+    """Cosine from peak (done = 0) to floor (done >= length), `done` and `length` counted
+    from the end of the warm-up, in any unit (steps here, tokens in minidist/curriculum.py)."""
+    if done >= length:
+        return floor
+    coeff = 0.5 * (1.0 + math.cos(math.pi * done / max(1, length)))  # 1 -> 0
+    return floor + coeff * (peak - floor)
 
 
 def micro_batches(x, y, step, seed, k=1, first_sample=0):

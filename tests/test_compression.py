@@ -2,6 +2,9 @@
 
     python -m pytest -q tests/test_compression.py
 
+1-bit Adam: DeepSpeed's scale (the root mean square), its compressed all-reduce's two
+residuals on one rank, its optimizer equal to AdamW with the variance frozen on one rank,
+its bytes (plan.traffic.onebit_adam_sent) about 1/32 of fp32's.
 1-bit: packing when n is not a multiple of 8, dtype kept, the L1 norm of the
 decompressed vector equal to v's, error feedback (v = decompressed + new residual),
 zero vectors, no writes into the inputs. int8: the scale, |error| <= scale / 2, zeros.
@@ -127,7 +130,7 @@ class Fake:
 def test_bad_arguments():
     from mpi4py import MPI
     comm, model = MPI.COMM_SELF, Fake([(5, 3), (4, 8), (7,)])
-    with pytest.raises(ValueError, match="none, fp16, int8, 1bit, powersgd"):
+    with pytest.raises(ValueError, match="none, fp16, int8, 1bit, 1bit-adam, powersgd"):
         C.CompressedDataParallel(model, comm, "2bit")
     with pytest.raises(ValueError, match="largest allowed rank is 4"):
         C.CompressedDataParallel(model, comm, "powersgd", rank=5)
@@ -137,6 +140,8 @@ def test_bad_arguments():
         C.CompressedDataParallel(model, comm, "1bit", warmup_steps=-1)
     with pytest.raises(ValueError, match="bucket_bytes"):
         C.CompressedDataParallel(model, comm, "powersgd", bucket_bytes=64)
+    with pytest.raises(ValueError, match="1bit-adam needs warmup_steps >= 1"):
+        C.CompressedDataParallel(model, comm, "1bit-adam", warmup_steps=0)
     with pytest.raises(ValueError, match="scales must be 'tensor'"):
         C.CompressedDataParallel(model, comm, "int8", scales="bucket")
     dp = C.CompressedDataParallel(model, comm, "powersgd", rank=4)
@@ -201,3 +206,66 @@ def test_one_scale_per_tensor_keeps_a_small_tensor():
             assert np.all(np.abs(got - small) <= np.max(np.abs(small)) / 127 * (1 + 1e-9)), \
                 "one scale per tensor: the small tensor within its own scale"
             assert np.all(np.abs(model.ps[0].grad - big) <= np.max(np.abs(big)) / 127 * (1 + 1e-9))
+
+
+def test_scaled_sign_uses_the_root_mean_square():
+    v = np.array([3.0, -4.0, 0.0, 0.0, 1.0, -2.0, 0.5, 0.0, -1.0])
+    packed, scale = C.scaled_sign(v)
+    assert scale == np.linalg.norm(v) / 3 and packed.shape == (2,)
+    out = C.onebit_decompress(packed, scale, 9)
+    assert np.array_equal(out, np.where(v >= 0, scale, -scale))      # a zero counts as +
+
+
+def test_compressed_allreduce_keeps_what_it_did_not_send_on_one_rank():
+    """One rank: worker then server code the vector; each residual holds what its code
+    missed, so out + worker residual + server residual moves exactly with x."""
+    from mpi4py import MPI
+    rng = np.random.default_rng(3)
+    worker, server, total_out, total_x = np.zeros(21), np.zeros(21), np.zeros(21), np.zeros(21)
+    for _ in range(4):
+        x = rng.standard_normal(21)
+        x0 = x.copy()
+        out = C.compressed_allreduce(MPI.COMM_SELF, x, worker, server)
+        assert np.array_equal(x, x0) and len(set(np.abs(out))) == 1       # one scale, signs
+        total_out += out
+        total_x += x
+        assert np.allclose(total_out + worker + server, total_x, rtol=0, atol=1e-12)
+
+
+def test_one_bit_adam_on_one_rank_is_adamw_with_the_variance_frozen():
+    """Warm-up: AdamW itself. After it, with nothing to average, the same arithmetic as
+    AdamW with freeze_variance(): the update formula, bias corrections and weight decay."""
+    from mpi4py import MPI
+    from minidist.nn import Parameter
+    from minidist.optim import AdamW
+    rng = np.random.default_rng(4)
+    start = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    runs = []
+    for onebit in (False, True):
+        ps = [Parameter(a.copy()) for a in start]
+        inner = AdamW([{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:], "weight_decay": 0.0}],
+                      lr=1e-2)
+        model = Fake([(3, 4), (5,)])
+        model.ps = ps
+        dp = C.CompressedDataParallel(model, MPI.COMM_SELF, "1bit-adam", warmup_steps=2)
+        opt = C.OneBitAdam(inner, dp) if onebit else inner
+        for step in range(5):
+            for i, p in enumerate(ps):
+                p.grad = np.random.default_rng([step, i]).standard_normal(p.data.shape)
+            if onebit:
+                dp.sync()
+            elif step == 2:
+                inner.freeze_variance()
+            opt.step()
+        runs.append([p.data.copy() for p in ps])
+        assert inner.variance_frozen
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+
+
+def test_one_bit_adam_bytes_are_a_32nd_of_fp32s():
+    from minidist.plan.traffic import onebit_adam_sent
+    # 100 values on 4 ranks: chunks 25 each, 4 + ceil(25 / 8) = 8 bytes a message, 3 + 3 messages
+    assert [onebit_adam_sent(100, 4, r, 4) for r in range(4)] == [48] * 4
+    assert onebit_adam_sent(100, 1, 0, 4) == 0
+    n = 10 ** 6
+    assert abs(onebit_adam_sent(n, 4, 0, 4) / C.ring_bytes(n, 4, 0, 4) - 1 / 32) < 1e-4

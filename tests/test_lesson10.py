@@ -28,10 +28,11 @@ def mpirun(n, flags, timeout=180):
 
 
 @pytest.mark.parametrize("n, flags, names", [
-    (2, ["--batch-size", "4"], ["fp32", "bf16", "fp16", "comp fp16", "int8", "1bit w=1", "powersgd r=4",
-                                "curriculum"]),
+    (2, ["--batch-size", "4"], ["fp32", "bf16", "fp16", "comp fp16", "int8", "1bit-grad w=1",
+                                "1bit-adam w=1", "powersgd r=4", "curriculum"]),
     (3, ["--batch-size", "6", "--precision", "bf16", "--zero", "2", "--grad-reduce", "16"], ["fp32", "bf16"]),
-], ids=["n2-every-variant", "n3-bf16-zero2"])
+    (2, ["--batch-size", "4", "--compressor", "int8"], ["fp32", "int8"]),      # no goal: no heading
+], ids=["n2-every-variant", "n3-bf16-zero2", "n2-int8-alone"])
 def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
     out = tmp_path / "report.json"
     proc = mpirun(n, [*TINY, *flags, "--json", str(out)])
@@ -45,22 +46,29 @@ def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
         assert r["bytes_per_step"] == r["bytes_per_step_formula"] > 0
         assert r["tokens"] >= 6 * int(flags[1]) * 16
     by = {r["variant"]: r for r in rows}
-    if "1bit w=1" in by:
-        assert by["1bit w=1"]["ratio_per_step"] < 0.05 < by["1bit w=1"]["ratio_run"]   # warm-up counted
+    if "1bit-grad w=1" in by:
+        for name in ("1bit-grad w=1", "1bit-adam w=1"):
+            assert by[name]["ratio_per_step"] < 0.05 < by[name]["ratio_run"]            # warm-up counted
         assert by["fp16"]["bytes_per_step"] * 2 == by["fp32"]["bytes_per_step"]        # 16-bit reduce
         assert by["curriculum"]["steps"] > by["fp32"]["steps"]                         # same tokens
     checks = report["figures"]["exact_checks"]
-    assert len(checks) >= 3 and all(c["ok"] for c in checks), checks
+    assert len(checks) >= 4 and all(c["ok"] for c in checks), checks
     assert "verdict: MATCH" in proc.stdout and "FAIL" not in proc.stdout
-    wide = [line for line in proc.stdout.splitlines() if len(line) > 100 and "/" not in line]   # (paths vary)
+    lines = proc.stdout.splitlines()
+    wide = [line for line in lines if len(line) > 100 and "/" not in line]   # (paths vary)
     assert not wide, wide
+    empty = [a for a, b in zip(lines, lines[1:] + [""]) if a.endswith(":") and not b.strip()]
+    assert not empty, f"headings with nothing under them: {empty}"
+    steps = [line for line in lines if "tokens, step" in line]       # progress: that step's loss
+    assert steps and all(" loss " in line and "val" not in line for line in steps), steps
 
 
 @pytest.mark.parametrize("flags, words", [
     (["--compressor", "1bit", "--warmup-steps", "8"], "is not shorter than training"),
     (["--compressor", "powersgd", "--rank", "99"], "larger than the largest matrix allows"),
     (["--compressor", "gzip"], "invalid choice"),
-], ids=["warmup-too-long", "rank-too-large", "unknown-compressor"])
+    (["--compressor", "1bit-adam", "--warmup-steps", "0"], "needs --warmup-steps 1 or more"),
+], ids=["warmup-too-long", "rank-too-large", "unknown-compressor", "onebit-adam-no-warmup"])
 def test_bad_input_gets_one_message_and_exit_2(flags, words):
     proc = mpirun(2, [*TINY, "--batch-size", "4", *flags], timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minidist import ops, precision
-from minidist.curriculum import Curriculum, lr_at_tokens, seqlen_at
+from minidist.curriculum import Curriculum, lr_at, seqlen_at
 from minidist.lessons.precision_checks import bf16_bits
 from minidist.model import GPT, GPTConfig
 from minidist.precision import GradScaler, MixedPrecision, autocast, round_to
@@ -56,6 +56,33 @@ def test_activation_gradients_leave_a_16_bit_node_rounded():
     y.backward(np.ones((4, 3), np.float32))
     # the gradient reaching h left the matmul rounded to bf16; "* 1.0" passes it through
     assert np.array_equal(a.grad, r16(np.ones((4, 3), np.float32) @ r16(w0).T))
+
+
+@pytest.mark.parametrize("p", ["bf16", "fp16"])
+def test_the_attention_nodes_two_products_are_16_bit(p):
+    """The attention node is on the rule's 16-bit list: q, k, v rounded in, the output (P V)
+    rounded out, the softmax between them fp32; the gradients leaving it for q, k, v (all
+    activations) rounded too. Against the same node run by hand on 16-bit inputs."""
+    from minidist import fused
+    rng = np.random.default_rng(5)
+    q0, k0, v0, g0 = (rng.standard_normal((1, 2, 6, 4)).astype(np.float32) for _ in range(4))
+    q, k, v = (Tensor(a * 1.0, requires_grad=True) for a in (q0, k0, v0))
+    with autocast(p):
+        qa, ka, va = q * 1.0, k * 1.0, v * 1.0        # activations (nodes), as in the model
+        y = fused.causal_attention(qa, ka, va)
+    want = r16(fused.CausalAttention.forward(_Ctx(), r16(q0, p), r16(k0, p), r16(v0, p)), p)
+    assert np.array_equal(y.data, want) and not np.array_equal(want, fused.causal_attention(
+        Tensor(q0), Tensor(k0), Tensor(v0)).data)
+    y.backward(g0)
+    ctx = _Ctx()
+    fused.CausalAttention.forward(ctx, r16(q0, p), r16(k0, p), r16(v0, p))
+    for got, ref in zip((q.grad, k.grad, v.grad), fused.CausalAttention.backward(ctx, r16(g0, p))):
+        assert np.array_equal(got, r16(ref, p))
+
+
+class _Ctx:
+    def save_for_backward(self, *a):
+        self.saved = a
 
 
 def test_softmax_and_layer_norm_stay_fp32():
@@ -212,8 +239,39 @@ def test_curriculum_counts_tokens_and_the_plain_run_matches_steps():
         while not c.done():
             c.advance(c.seqlen())
     assert plain.step == 10 and cur.step > 10 and cur.tokens >= plain.tokens
-    lrs = [lr_at_tokens(t, 1000, 1.0, 0.1, 100) for t in range(0, 1200, 50)]
-    assert max(lrs) <= 1.0 and lrs[-1] == 0.1 and lrs[2] > lrs[1]
+
+
+def _lrs(c):
+    out = []
+    while not c.done():
+        out.append(c.lr())
+        c.advance(c.seqlen())
+    return out
+
+
+def test_the_plain_runs_schedule_is_get_lr_step_for_step():
+    from minidist.train import TrainConfig, get_lr
+    cfg = TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=4, max_iters=20)
+    plain = Curriculum(64, 4, total_tokens=64 * 4 * 20, ramp_steps=5, plain=True, peak_lr=1.0,
+                       min_lr=0.1, warmup_steps=4)
+    assert _lrs(plain) == [get_lr(i, cfg) for i in range(20)]
+
+
+def test_curriculum_warms_up_in_steps_and_decays_over_the_tokens_after_it():
+    """DeepSpeed's rule: the warm-up lasts warmup_steps STEPS whatever their length; the cosine
+    starts at the peak on the first step after it and runs over the tokens left."""
+    total = 64 * 4 * 20
+    cur = Curriculum(64, 4, total_tokens=total, ramp_steps=10, start=8, peak_lr=1.0, min_lr=0.1,
+                     warmup_steps=4)
+    lrs = _lrs(cur)
+    assert lrs[:4] == [1.0 * (i + 1) / 5 for i in range(4)]       # in steps, not tokens
+    assert lrs[4] == 1.0                                            # the decay starts at its start
+    assert cur.warmup_end_tokens == sum(4 * seqlen_at(s, 8, 64, 10) for s in range(4))
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:])) and lrs[-1] > 0.1
+    # half the tokens after the warm-up: halfway down the cosine
+    half = cur.warmup_end_tokens + (total - cur.warmup_end_tokens) / 2
+    assert lr_at(9, half, 4, cur.warmup_end_tokens, total, 1.0, 0.1) == pytest.approx(0.55, abs=1e-12)
+    assert lr_at(9, total, 4, cur.warmup_end_tokens, total, 1.0, 0.1) == 0.1
 
 
 def test_the_tied_heads_weight_gradient_stays_fp32():
@@ -229,3 +287,20 @@ def test_the_tied_heads_weight_gradient_stays_fp32():
     y.backward(g0)
     want = (r16(x0).T @ r16(g0)).T                   # fp32 from the GEMM, not rounded
     assert np.array_equal(w.grad, want) and not np.array_equal(w.grad, r16(w.grad))
+
+
+def test_hysteresis_halves_the_scale_only_at_the_hth_overflow_since_it_grew():
+    """Megatron's DynamicGradScaler (hysteresis 2): every overflow skips its step; the first
+    keeps the scale, the second (and each after it) halves it; growth resets the count."""
+    s = GradScaler(init_scale=8.0, growth_interval=3, hysteresis=2, min_scale=1.0)
+    scales = []
+    for inf in (True, False, True, True, True, True, False, False, False, True, True):
+        s.found_inf = inf
+        s.update()
+        scales.append(s.scale)
+    assert scales == [8, 8, 4, 2, 1, 1, 1, 1, 2, 2, 1]               # min_scale 1 holds; growth resets
+    assert s.skipped == 7 and [f for _, f in s.history].count(True) == 7
+    plain = GradScaler(init_scale=8.0, growth_interval=3)             # PyTorch's: no hysteresis
+    plain.found_inf = True
+    plain.update()
+    assert plain.scale == 4.0

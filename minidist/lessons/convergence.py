@@ -9,6 +9,7 @@ the variant save? `run_variant` trains one; `curve_plot` draws the curves in tex
 """
 import contextlib
 import dataclasses
+import sys
 import time
 
 import numpy as np
@@ -16,6 +17,34 @@ import numpy as np
 from minidist.comm import stats
 from minidist.lessons import common
 from minidist.lessons.harness import say
+from minidist.progress import Progress
+
+
+class _SayStream:
+    """Progress's stream: lines through harness.say (rank 0 only, captured in tests); a
+    terminal's carriage-return updates straight to stdout, on rank 0."""
+
+    def __init__(self):
+        from minidist.lessons import harness
+        self.root = harness.is_root()
+        self.captured = getattr(harness._here, "captured", None) is not None
+        self.buf = ""
+
+    def isatty(self):
+        return self.root and not self.captured and sys.stdout.isatty()
+
+    def write(self, text):
+        if self.isatty():
+            sys.stdout.write(text)
+            return
+        self.buf += text
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            say(line)
+
+    def flush(self):
+        if self.isatty():
+            sys.stdout.flush()
 
 DATA = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")   # the data collectives
 
@@ -28,12 +57,12 @@ class Variant:
     rank: int = 4
     warmup_steps: int = 0
     curriculum: bool = False
-    freeze_variance: bool = False     # 1-bit Adam: AdamW's v fixed once the warm-up ends
+    freeze_variance: bool = False     # 1-bit gradients: AdamW's v fixed once the warm-up ends
 
 
 def _dp_slot(v, model, opt, comm, args):
     """(optimizer, dp slot, formula(): bytes this rank sends in the next step)."""
-    from minidist.parallel.compression import CompressedDataParallel, ring_bytes
+    from minidist.parallel.compression import CompressedDataParallel, OneBitAdam, ring_bytes
     from minidist.parallel.data_parallel import BucketedDataParallel
     from minidist.precision import MixedPrecision, dtype16
     reduce16 = v.precision != "fp32" and (args.grad_reduce == "16" or v.precision == "fp16")
@@ -42,11 +71,15 @@ def _dp_slot(v, model, opt, comm, args):
         from minidist.parallel.zero import ZeRO, expected_sent
         zero = ZeRO(model, opt, comm, args.zero, reduce_dtype=reduce_dtype)
         return zero, zero, lambda: sum(expected_sent(zero).values())
-    if v.precision != "fp32":
-        opt = MixedPrecision(opt, model, v.precision, "16" if v.precision == "fp16" else args.grad_dtype)
+    dp = None
     if v.compressor != "none":
         dp = CompressedDataParallel(model, comm, v.compressor, rank=v.rank, warmup_steps=v.warmup_steps,
                                     seed=args.seed)
+    if v.compressor == "1bit-adam":      # the optimizer compresses the momentum itself
+        opt = OneBitAdam(opt, dp)
+    if v.precision != "fp32":
+        opt = MixedPrecision(opt, model, v.precision, "16" if v.precision == "fp16" else args.grad_dtype)
+    if dp is not None:
         return opt, dp, dp.bytes_formula
     dp = BucketedDataParallel(model, comm, reduce_dtype=reduce_dtype)
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -73,14 +106,16 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
     from minidist.train import micro_batches, train_step
     model = GPT(cfg, seed=args.seed)
     opt = model.configure_optimizers(0.1, args.lr)
-    scaler = (GradScaler(args.init_scale, 2.0, 0.5, args.growth_interval, comm=comm)
+    scaler = (GradScaler(args.init_scale, 2.0, 0.5, args.growth_interval, comm=comm,
+                         hysteresis=getattr(args, "hysteresis", 1))
               if v.precision == "fp16" else None)
     opt, dp, formula = _dp_slot(v, model, opt, comm, args)
     cur = Curriculum(cfg.block_size, args.batch_size, total_tokens, args.ramp_steps, args.seq_start,
                      plain=not v.curriculum, peak_lr=args.lr, min_lr=args.lr / 10,
-                     warmup_tokens=total_tokens // 20)
+                     warmup_steps=args.steps // 20)
     curve, sent, expected, times, losses, seqlens = [], [], [], [], [], []
-    last_note = time.perf_counter()
+    bar = Progress(total_tokens, f"    {v.name:<16}", stream=_SayStream(), every=1)
+    tenth = 0
     while not cur.done():
         L = cur.seqlen()
         x, y = data.get_batch("train", args.batch_size, cur.step)
@@ -103,10 +138,11 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
             getattr(opt, "inner", opt).freeze_variance()
         if cur.step % args.eval_interval == 0 or cur.done():
             curve.append((cur.tokens, evaluate(model, data, args, comm, rows, v.precision)))
-        if time.perf_counter() - last_note > 3.0 and not cur.done():
-            last_note = time.perf_counter()
-            say(f"    {v.name}: step {cur.step}, {cur.tokens:,} of {total_tokens:,} tokens, "
-                f"val {curve[-1][1]:.4f}" if curve else f"    {v.name}: step {cur.step}")
+        # one updating line on a terminal; otherwise a plain line at every tenth of the tokens
+        if not cur.done() and (bar.tty or 10 * cur.tokens // total_tokens > tenth):
+            tenth = 10 * cur.tokens // total_tokens
+            bar.update(cur.tokens, f"tokens, step {cur.step} loss {loss:.4f}")
+    bar.close()
     return {"variant": v.name, "model": model, "opt": opt, "dp": dp, "scaler": scaler,
             "curve": curve, "val_loss": curve[-1][1], "steps": cur.step, "tokens": cur.tokens,
             "sent": sent, "expected": expected, "losses": losses, "seqlens": seqlens,

@@ -6,7 +6,9 @@ tolerance) although the variants themselves are not exact.
   unscale_grads (exercise 10.1's function);
 - PowerSGD at full rank r = min(n, m) equals the exact average (exercise 10.3's step);
 - 1-bit error feedback over several steps: the sum of what was applied equals the sum of
-  the gradients minus the residual still held (exercise 10.2's function);
+  the gradients minus the residual still held (exercise 10.2's function); and the same
+  for 1-bit Adam's compressed all-reduce on the job's ranks, with the worker residuals
+  (their mean) and the servers' residuals held;
 - after the bf16 run: the model's weights are the fp32 masters rounded to bf16, by a
   reference written here on the float32 bits (round to nearest, ties to even), not by
   the ml_dtypes cast the package uses;
@@ -78,8 +80,33 @@ def error_feedback_identity(seed, steps=6, n=203):
         applied += compression.onebit_decompress(packed, scale, n)
         true += g
         worst = max(worst, _rel(applied, true - residual))     # every step
-    return {"what": f"1-bit error feedback, {steps} steps: sum applied = sum gradients - residual held",
+    return {"what": f"1-bit gradients, error feedback, {steps} steps: sum applied = sum gradients - residual held",
             "ok": worst <= TOLERANCE, "measured": f"max_rel_diff {worst:.1e}", "rel": worst}
+
+
+def onebit_adam_feedback(comm, seed, steps=6, n=203):
+    """1-bit Adam's compressed all-reduce (worker and server residuals), several steps on this
+    job's ranks: sum of outputs = sum of true averages - mean worker residual - server
+    residuals, every step, and every rank gets the same output."""
+    from minidist.comm import chunk_bounds, ring_all_reduce
+    from minidist.parallel import compression
+    N, me = comm.Get_size(), comm.Get_rank()
+    b = chunk_bounds(n, N)
+    worker, server = np.zeros(n), np.zeros(b[me + 1] - b[me])
+    out_sum, true_sum, worst = np.zeros(n), np.zeros(n), 0.0
+    for step in range(steps):
+        xs = [np.random.default_rng([seed, step, r]).standard_normal(n) + 0.2 for r in range(N)]
+        out = compression.compressed_allreduce(comm, xs[me], worker, server)
+        out_sum += out
+        true_sum += sum(xs) / N
+        held = np.zeros(n)
+        held[b[me]:b[me + 1]] = server
+        held = ring_all_reduce(comm, held + worker / N)       # mean worker residual + every server's
+        worst = max(worst, _rel(out_sum, true_sum - held), _rel(ring_all_reduce(comm, out) / N, out))
+    worst = comm.allreduce(worst, op=_max())
+    return {"what": f"1-bit Adam's all-reduce, {steps} steps: sum out = sum averages - residuals held",
+            "ok": worst <= TOLERANCE, "measured": f"max_rel_diff {worst:.1e} (and the same on every rank)",
+            "rel": worst}
 
 
 def _max():
@@ -89,7 +116,7 @@ def _max():
 
 def run_all(args, cfg, comm, data, rows):
     return [loss_scaling_exact(args, cfg, data, rows), powersgd_full_rank(comm, args.seed),
-            error_feedback_identity(args.seed)]
+            error_feedback_identity(args.seed), onebit_adam_feedback(comm, args.seed)]
 
 
 def bf16_bits(a):
@@ -184,9 +211,12 @@ def goals(rows, runs, targets):
         gap, goal = r["gap_to_fp32"], targets[key]
         met = "met" if gap <= goal else "NOT met"
         extra = ""
-        if v.compressor == "1bit":
-            extra = (f"\n{'':<19}{r['ratio_per_step']:.4f} of fp32's bytes per compressed step (1/32 = {1 / 32:.4f}), "
-                     f"{r['ratio_run']:.4f} over the run")
+        if v.compressor in ("1bit", "1bit-adam"):
+            extra = (f"\n{'':<19}{r['ratio_per_step']:.4f} of fp32's bytes per compressed step "
+                     f"(1/32 = {1 / 32:.4f}), {r['ratio_run']:.4f} over the run")
+        if v.compressor == "1bit-adam":
+            extra += (f"\n{'':<19}{r['bytes_per_step']:,} B per compressed step measured, "
+                      f"{r['bytes_per_step_formula']:,} B by plan.traffic.onebit_adam_sent")
         if v.precision == "fp16":
             extra = f"; {r['skipped_steps']} overflowed step(s) skipped"
         lines.append(f"{v.name:<16} gap {100 * gap:+.2f}% (goal within {100 * goal:g}%): {met}{extra}")

@@ -12,9 +12,22 @@ all-reduce of fp32 gradients). The compressors here send less:
     fp16         the gradients / N, cast to float16            2(N-1)/N x 2n
     int8         int8 codes + one scale per tensor in a chunk  ~2(N-1)/N x n
     1bit         signs packed 8 per byte + one scale per chunk ~2(N-1)/N x n/8
+    1bit-adam    the Adam MOMENTUM's signs + one worker scale  ~2(N-1)/N x n/8
+                 and one server scale per chunk (OneBitAdam)
     powersgd     two thin matrices P (n x r), Q (m x r)         2(N-1)/N x 4r(n+m) per n x m matrix
 
-(exact formulas, with numpy.array_split's uneven chunks and the scales: `bytes_formula`.)
+(exact formulas, with numpy.array_split's uneven chunks and the scales: `bytes_formula`;
+1bit-adam's: plan.traffic.onebit_adam_sent.)
+
+Two 1-bit variants, which is which:
+- "1bit", 1-bit GRADIENTS with error feedback (this project's variant, after Seide et al.
+  2014, on 1-bit Adam's two-phase collective): the gradient is compressed in sync(),
+  and the optimizer (AdamW, its variance frozen after the warm-up) gets the
+  decompressed average gradient;
+- "1bit-adam", 1-bit ADAM as Tang et al. 2021 and DeepSpeed do it: sync() sends fp32
+  gradients during the warm-up and nothing after it; OneBitAdam updates each worker's
+  momentum with its own gradient and averages the momenta with compressed_allreduce
+  (DeepSpeed's scales: one per worker over the whole buffer, one per server chunk).
 
 fp16: the sum of float16 numbers is a float16 number, so the ring all-reduce (a
 reduce-scatter that adds hop by hop, then an all-gather) works unchanged. Each rank
@@ -58,9 +71,10 @@ With S segments in all (about N + the number of tensors) that is 2(N-1)/N x (com
 bytes + k S) on average. scales="chunk" keeps one scale per chunk (S = N: an empty
 chunk is still one message of a lone scale); in "tensor" an empty chunk has no segment
 and sends nothing. Measured in lesson 10 (4 ranks, 200 steps, gap to fp32's validation
-loss): int8 +3.15% with one scale per chunk, +1.04% with one per tensor; 1 bit (error
-feedback, 50 warm-up steps, AdamW's variance frozen) +6.40% per chunk, +7.08% per tensor
-(seed 1: +6.24%, +6.90%), so 1 bit keeps one scale per chunk unless told otherwise.
+loss, the learning-rate warm-up then counted in tokens): int8 +3.15% with one scale per
+chunk, +1.04% with one per tensor; 1-bit gradients (50 warm-up steps, AdamW's variance
+frozen) +6.40% per chunk, +7.08% per tensor (seed 1: +6.24%, +6.90%), so 1 bit keeps one
+scale per chunk unless told otherwise. (1-bit Adam, same bytes: +1.17%, lesson 10.)
 
 The obvious alternative, an all-gather of every rank's whole compressed
 vector, makes each rank forward N-1 whole vectors: (N-1) x C bytes, against
@@ -78,9 +92,11 @@ gradients equals the sum of the true average gradients minus the residual still 
   data-parallel distributed training of speech DNNs": signs of (gradient + residual)
   with one scale, the quantization error carried to the next step.
 - Tang et al. 2021, "1-bit Adam": a warm-up of uncompressed steps (here `warmup_steps`,
-  fp32 ring all-reduce), then compressed with the two-phase scheme above, with error
+  fp32 ring all-reduce), then the two-phase scheme above on the MOMENTUM, with error
   feedback on both sides: each worker keeps a residual of its whole vector (phase 1),
   each rank as the "server" of its chunk keeps a residual of that chunk (phase 2).
+  "1bit" borrows the scheme and both residuals for the gradient; "1bit-adam" is the
+  paper's algorithm (OneBitAdam, compressed_allreduce).
 - Vogels et al. 2019, "PowerSGD": a gradient matrix M (n x m) is approximated by
   P Q^T of rank r: P = M Q, all-reduced, orthogonalized; Q = M^T P, all-reduced;
   one power iteration per step, with Q reused from the previous step (a warm start
@@ -92,7 +108,7 @@ gradients equals the sum of the true average gradients minus the residual still 
   go uncompressed, in one more all-reduce, as the paper and PyTorch's hook do.
   One addition of ours: when a step's summed M has rank below r, Gram-Schmidt zeroes
   the dependent columns of P, hence of Q, and the warm start would keep them zero for
-  ever; such a column of Q is drawn again (from the seed, the same on every rank).
+  ever; such a column of Q is drawn again (from `seed`, the same on every rank).
 
 The warm-up (`warmup_steps` uncompressed syncs) applies to every compressor; with
 `bucket_bytes` the flat compressors work bucket by bucket, each with its own chunks
@@ -105,13 +121,15 @@ student's version plugged in as `compression.onebit_compress = mine` is the one 
 Data moves only through minidist.comm's hand-written collectives.
 """
 import contextlib
+import math
 
 import numpy as np
 
 from minidist.backend import to_numpy, xp
 from minidist.comm import all_to_all_v, chunk_bounds, ring_all_gather, ring_all_reduce, stats
+from minidist.plan.traffic import onebit_adam_sent
 
-COMPRESSORS = ("none", "fp16", "int8", "1bit", "powersgd")
+COMPRESSORS = ("none", "fp16", "int8", "1bit", "1bit-adam", "powersgd")
 DATA_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
@@ -138,6 +156,121 @@ def onebit_decompress(packed, scale, n):
     scale = np.asarray(scale)
     bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n)
     return np.where(bits.astype(bool), scale, -scale).astype(scale.dtype)
+
+
+# ----------------------------------------------------------------------------- 1-bit Adam
+
+def scaled_sign(v):
+    """DeepSpeed's 1-bit code of a buffer: (signs packed 8 per byte, scale) with ONE scale,
+    ||v||_2 / sqrt(n) (deepspeed/runtime/comm/nccl.py, compressed_allreduce: worker_scale
+    and server_scale); a zero counts as +. Decompress with onebit_decompress. (The mean
+    |v| of onebit_compress, exercise 10.3, is the scale that minimises the L2 error; the
+    root mean square is DeepSpeed's, and what 1-bit Adam here uses.)"""
+    v = np.asarray(v)
+    scale = v.dtype.type(np.linalg.norm(v) / np.sqrt(v.size) if v.size else 0)
+    return np.packbits(v >= 0), scale
+
+
+def compressed_allreduce(comm, x, worker_error, server_error):
+    """1-bit Adam's average of x over ranks (Tang et al. 2021, Algorithm 1; DeepSpeed's
+    compressed_allreduce), with error feedback on both sides; returns a new array, the
+    same on every rank. worker_error (len x) and server_error (len of this rank's chunk,
+    minidist.comm.chunk_bounds) are updated in place.
+
+      worker: v = x + worker_error; one scale s over ALL of v; worker_error = v - s sign(v);
+              chunk j of sign(v), packed, goes to rank j with s       (all_to_all_v)
+      server: rank j averages the N decoded pieces of chunk j, adds server_error, codes
+              that with one scale of its own; server_error keeps what the code missed;
+              every server's chunk reaches every rank                 (ring_all_gather)
+    Each message is [scale, packed signs]: bytes plan.traffic.onebit_adam_sent."""
+    N, me = comm.Get_size(), comm.Get_rank()
+    dt = np.asarray(x).dtype
+    v = np.asarray(x) + worker_error
+    bits, s = scaled_sign(v)
+    worker_error[...] = v - np.where(v >= 0, s, -s)
+    b = chunk_bounds(v.size, N)
+    signs = np.unpackbits(bits, count=v.size)
+    got = all_to_all_v(comm, [_pack(s, np.packbits(signs[b[j]:b[j + 1]]), dt) for j in range(N)])
+    mine, avg = b[me + 1] - b[me], 0
+    for msg in got:                                   # every worker's piece of my chunk
+        scale, payload = _unpack(msg, dt)
+        avg = avg + onebit_decompress(payload, scale, mine)
+    avg = avg / N
+    c = avg + server_error
+    bits, s = scaled_sign(c)
+    server_error[...] = c - np.where(c >= 0, s, -s)
+    joined = ring_all_gather(comm, _pack(s, bits, dt))
+    out, at, k = np.empty(v.size, dt), 0, dt.itemsize
+    for j in range(N):
+        length = k + -(-(b[j + 1] - b[j]) // 8)
+        scale, payload = _unpack(joined[at:at + length], dt)
+        out[b[j]:b[j + 1]] = onebit_decompress(payload, scale, b[j + 1] - b[j])
+        at += length
+    return out
+
+
+class OneBitAdam:
+    """1-bit Adam (Tang et al. 2021), around an optim.AdamW and a
+    CompressedDataParallel(model, comm, "1bit-adam", warmup_steps=w):
+
+        opt = OneBitAdam(model.configure_optimizers(0.1, lr), dp)
+
+    The first w steps are plain AdamW on the fp32 all-reduced gradient (the dp slot's sync).
+    Then AdamW's variance v is frozen (the paper's finding: after a warm-up v is stable
+    enough to serve as a fixed preconditioner), the dp slot stops sending gradients, and
+    every step each worker updates its momentum with its OWN gradient, m = b1 m + (1 - b1)
+    g_local, and the momenta are averaged by compressed_allreduce (1 bit per value, error
+    feedback on worker and server); every rank's m becomes that average, and the update m /
+    (sqrt(v) + eps) follows: the same on every rank, so the replicas stay equal. What is
+    compressed is the momentum, not the gradient: with v frozen the update is linear in m,
+    which is what makes error feedback's "nothing lost, only delayed" hold for the update
+    itself.
+
+    As DeepSpeed (deepspeed/runtime/fp16/onebit/adam.py): the freeze after `freeze_step`
+    steps, the momentum all-reduced compressed, the update from the frozen v. This
+    project's choices: the momenta of all parameters in one flat buffer (DeepSpeed
+    compresses each flat buffer its fp16 optimizer hands it); AdamW's bias corrections and
+    decoupled weight decay kept (DeepSpeed's update has no bias correction); gradient
+    clipping (train_step) clips each worker's own gradient in the compressed phase.
+    """
+
+    def __init__(self, inner, dp):
+        if dp.compressor != "1bit-adam":
+            raise ValueError(f"OneBitAdam needs a '1bit-adam' dp slot, not {dp.compressor!r}")
+        self.inner, self.dp = inner, dp
+        self.param_groups = inner.param_groups
+
+    def __getattr__(self, name):          # zero_grad, set_lr, state, state_bytes, ...: AdamW's
+        return getattr(self.inner, name)
+
+    def step(self):
+        if not self.dp.compressing:
+            return self.inner.step()
+        if not self.inner.variance_frozen:
+            self.inner.freeze_variance()
+        items = [(g, p) for g in self.param_groups for p in g["params"]]
+        for g, p in items:                                  # 1. each worker's own momentum
+            b1 = g["betas"][0]
+            s = self.inner.state[id(p)]
+            s["step"] += 1
+            m = s["exp_avg"]
+            m *= b1
+            if p.grad is not None:
+                m += (1.0 - b1) * xp.asarray(p.grad)
+        # 2. the momenta averaged in 1 bit, with error feedback
+        flat = np.concatenate([to_numpy(self.inner.state[id(p)]["exp_avg"]).reshape(-1)
+                               for _, p in items])
+        avg, at = self.dp.allreduce_momentum(flat), 0
+        for g, p in items:                                  # 3. AdamW's update, v frozen
+            lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+            s = self.inner.state[id(p)]
+            m = s["exp_avg"]
+            m[...] = xp.asarray(avg[at:at + m.size].reshape(m.shape))
+            at += m.size
+            if wd:
+                p.data *= 1.0 - lr * wd
+            denom = xp.sqrt(s["exp_avg_sq"]) * (1.0 / math.sqrt(1.0 - b2 ** s["v_step"])) + eps
+            p.data -= (lr / (1.0 - b1 ** s["step"])) * (m / denom)
 
 
 # ----------------------------------------------------------------------------- int8
@@ -240,14 +373,15 @@ def _payload_bytes(compressor, n):
 class CompressedDataParallel:
     """Data parallelism whose gradient average travels compressed (see the module text).
 
-    The same slot as NaiveDataParallel (minidist/train.py's dp): all communication
-    happens in sync(), after the last backward. compressor: "none", "fp16", "int8",
-    "1bit" or "powersgd". The first `warmup_steps` syncs send plain fp32 (1-bit Adam's
-    warm-up); bucket_bytes cuts the flat gradient into buckets of that many bytes, each
-    compressed with its own chunks and scales (None: one bucket); rank and seed are
-    PowerSGD's rank r and the seed of its first Q (the same on every rank). scales (int8
-    and 1bit): "tensor", one scale per parameter tensor within each chunk, or "chunk", one
-    scale per chunk; None: "tensor" for int8, "chunk" for 1bit (what lesson 10 measured best).
+    The same slot as NaiveDataParallel (minidist/train.py's dp): all communication happens
+    in sync(), after the last backward. compressor: "none", "fp16", "int8", "1bit",
+    "1bit-adam" (with OneBitAdam as the optimizer) or "powersgd". The first `warmup_steps`
+    syncs send plain fp32 (1-bit Adam's warm-up); bucket_bytes cuts the flat gradient into
+    buckets of that many bytes, each compressed with its own chunks and scales (None: one
+    bucket); rank and seed are PowerSGD's rank r and the random seed of its first Q (the same on
+    every rank). scales (int8 and 1bit): "tensor", one scale per parameter tensor within
+    each chunk, or "chunk", one scale per chunk; None: "tensor" for int8, "chunk" for 1bit
+    (what lesson 10 measured best).
     """
 
     def __init__(self, model, comm, compressor, rank=4, warmup_steps=0, bucket_bytes=None, seed=0,
@@ -256,6 +390,9 @@ class CompressedDataParallel:
             raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, not {compressor!r}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be 0 or more, not {warmup_steps}")
+        if compressor == "1bit-adam" and (warmup_steps < 1 or bucket_bytes is not None):
+            raise ValueError("1bit-adam needs warmup_steps >= 1 (its variance is frozen after them) "
+                             f"and no bucket_bytes, not {warmup_steps} and {bucket_bytes!r}")
         if bucket_bytes is not None and (compressor == "powersgd" or bucket_bytes <= 0):
             raise ValueError("bucket_bytes must be a positive number of bytes, and powersgd takes none "
                              f"(it batches all matrices into one all-reduce), not {bucket_bytes!r}")
@@ -283,9 +420,11 @@ class CompressedDataParallel:
         self.layout = [self._layout(lo, hi) for lo, hi in self.buckets]
         # error feedback of 1-bit: this worker's residual of the whole flat vector, and
         # as the server of chunk `me` of every bucket, that chunk's residual
-        self.worker_error = np.zeros(self.n if compressor == "1bit" else 0, self.dtype)
-        self.server_error = [np.zeros(self._own_chunk(lo, hi) if compressor == "1bit" else 0, self.dtype)
+        onebit = compressor in ("1bit", "1bit-adam")
+        self.worker_error = np.zeros(self.n if onebit else 0, self.dtype)
+        self.server_error = [np.zeros(self._own_chunk(lo, hi) if onebit else 0, self.dtype)
                              for lo, hi in self.buckets]
+        self.compressing = False       # 1bit-adam: this step's momentum goes compressed
         if compressor == "powersgd":
             self._setup_powersgd(rank, seed)
 
@@ -354,8 +493,11 @@ class CompressedDataParallel:
         """Average the gradients over ranks, compressed; p.grad becomes the (decompressed) average."""
         grads = [np.zeros(p.data.shape, self.dtype) if p.grad is None else to_numpy(p.grad)
                  for p in self.params]
+        self.compressing = self.compressor == "1bit-adam" and not self.warming_up()
         with stats.measure() as m:
-            if self.compressor == "powersgd" and not self.warming_up():
+            if self.compressing:       # 1-bit Adam: each worker keeps its own gradient
+                out = grads
+            elif self.compressor == "powersgd" and not self.warming_up():
                 out = self._powersgd(grads)
             else:
                 flat = np.concatenate([g.reshape(-1) for g in grads]).astype(self.dtype, copy=False)
@@ -366,6 +508,14 @@ class CompressedDataParallel:
         for p, g in zip(self.params, out):
             p.grad = xp.asarray(g.copy())
         self.steps += 1
+
+    def allreduce_momentum(self, flat):
+        """1-bit Adam (OneBitAdam.step): the average over ranks of the flat momentum,
+        compressed with this slot's worker and server residuals (one rank: flat itself)."""
+        if self.size == 1:
+            return flat
+        return compressed_allreduce(self.comm, flat.astype(self.dtype, copy=False), self.worker_error,
+                                    self.server_error[0])
 
     # -- the flat compressors, one bucket at a time
     def _bucket(self, x, b):
@@ -486,6 +636,8 @@ class CompressedDataParallel:
             return self.uncompressed_bytes()
         if self.compressor == "fp16":
             return sum(ring_bytes(hi - lo, N, me, 2) for lo, hi in self.buckets)
+        if self.compressor == "1bit-adam":
+            return onebit_adam_sent(self.n, N, me, k)
         if self.compressor == "powersgd":
             p = sum(self.shapes[i][0] * self.ranks[i] for i in self.matrices)
             q = sum(self.shapes[i][1] * self.ranks[i] for i in self.matrices)
@@ -512,7 +664,7 @@ class CompressedDataParallel:
     def state_dict(self):
         """{name: array}: the step counter, the error-feedback residuals, PowerSGD's Q's."""
         d = {"steps": np.array(self.steps)}
-        if self.compressor == "1bit":
+        if self.compressor in ("1bit", "1bit-adam"):
             d["onebit.worker_error"] = self.worker_error.copy()
             d["onebit.server_error"] = np.concatenate(self.server_error)
         if self.compressor == "powersgd":
@@ -528,7 +680,7 @@ class CompressedDataParallel:
             raise ValueError(f"load_state_dict: expected arrays {sorted((k, v.shape) for k, v in mine.items())}, "
                              f"got {sorted((k, np.shape(v)) for k, v in d.items())}")
         self.steps = int(d["steps"])
-        if self.compressor == "1bit":
+        if self.compressor in ("1bit", "1bit-adam"):
             self.worker_error = np.array(d["onebit.worker_error"], self.dtype)
             cuts = np.cumsum([len(e) for e in self.server_error])[:-1]
             self.server_error = np.split(np.array(d["onebit.server_error"], self.dtype), cuts)
