@@ -75,3 +75,30 @@ def test_only_the_training_run_catches_a_scaler_that_differs_in_use():
         return ref(scale, good, found, growth_factor, backoff_factor, growth_interval)
     with pytest.raises(AssertionError, match="fp16 training of a tiny GPT"):
         ex10.check_update_scale(sneaky)
+
+
+def test_two_answers_that_pass_alone_fail_together():
+    """A numpy.bool_ found_inf (10.1) and an update_scale that tests `is True` (10.2): beside
+    the package's other half each trains right; plugged in together the scale never backs
+    off, and only the plug-in check with both plugged in at once sees it."""
+    from mpi4py import MPI
+    from minidist.grader import plugin
+
+    unscale, update = precision.unscale_grads, precision.update_scale     # the package's, kept
+
+    def unscale_numpy_bool(grads, scale):
+        out, found = unscale(grads, scale)
+        return out, np.bool_(found)
+
+    def update_is_true(scale, good, found, growth=2.0, backoff=0.5, interval=2000):
+        return update(scale, good, found is True, growth, backoff, interval)
+
+    ex1, ex2 = ex10.EXERCISES[:2]
+    assert plugin.shared_runs([ex1, ex2]) == list(ex10.FP16_RUNS)
+    session = plugin.PluginSession(MPI.COMM_SELF)
+    try:
+        with pytest.raises(AssertionError, match="with your unscale_grads and update_scale together .* MISMATCH"):
+            plugin.check_together(ex10.FP16_RUNS[0], [ex1, ex2], [unscale_numpy_bool, update_is_true], session)
+        plugin.check_together(ex10.FP16_RUNS[0], [ex1, ex2], [ex1.reference, ex2.reference], session)
+    finally:
+        session.free()

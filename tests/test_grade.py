@@ -126,9 +126,10 @@ def test_a_launcher_that_cannot_start_fails_every_row_in_words(tmp_path):
     env = dict(os.environ, MINIDIST_MPIRUN="/no/such/mpirun")
     proc = subprocess.run([sys.executable, "-m", "minidist.grade", "--exercise", "01", PLANTED / "01_good_student.py"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-    rows = [l for l in proc.stdout.splitlines() if "  FAIL  " in l]
+    rows = [" ".join(r.split()) for r in proc.stdout.replace("\n      ", " ").splitlines() if "  FAIL  " in r]
     assert proc.returncode == 1 and len(rows) == 6, proc.stdout + proc.stderr     # 3 exercises at -n 3 and 4
     assert all("could not start /no/such/mpirun" in l and "MINIDIST_MPIRUN" in l for l in rows), rows
+    assert max(map(len, proc.stdout.splitlines())) <= 100, proc.stdout
 
 
 def test_an_untouched_stub_is_known_by_its_body(tmp_path):
@@ -255,3 +256,50 @@ def test_a_class_from_a_folder_into_one_json(tmp_path):
         ("alice.py", "PASS"), ("bob.py", "TODO"), ("carol.py", "FAIL")}
     files = {Path(f["file"]).name: f for f in run_["files"]}
     assert files["alice.py"]["passed"] == 4 and files["carol.py"]["notes"], files
+
+
+def test_an_endless_loop_fails_its_exercise_only_and_the_class_table(tmp_path):
+    """A loop that never ends (and swallows what stops it) FAILs its exercise after --timeout;
+    the next exercise is still graded, an untouched stub stays TODO, a function taken from
+    the package is noted; the JSON's summary and --csv hold the student x exercise table."""
+    f = tmp_path / STUBS.name
+    stubs = STUBS.read_text()
+    f.write_text("from minidist.ops import layer_norm_backward  # noqa: F401\n\n\n"
+                 "def matmul_backward(*args):\n    while True:\n        try:\n            pass\n"
+                 "        except BaseException:\n            pass\n\n\n"
+                 + stubs[stubs.index("def softmax_cross_entropy_backward"):])
+    code = grade.main(["--timeout", "1", "--json", str(tmp_path / "o.json"), "--csv", str(tmp_path / "o.csv"),
+                       str(f)])
+    run_ = json.loads((tmp_path / "o.json").read_text())
+    got = {r["exercise"]: (r["verdict"], r["message"]) for r in run_["results"]}
+    assert [v for v, _ in got.values()] == ["FAIL", "PASS", "TODO", "TODO"], got
+    assert "did not finish within 1 s" in got["0.1"][1] and code == 1
+    assert run_["summary"] == [dict(file=str(f), verdicts={"0.1": "FAIL", "0.2": "PASS", "0.3": "TODO",
+                                                           "0.4": "TODO"}, passed=1, total=4)]
+    assert (tmp_path / "o.csv").read_text().splitlines() == [
+        "file,0.1,0.2,0.3,0.4,passed,total", f"{f},FAIL,PASS,TODO,TODO,1,4"]
+
+
+def test_the_packages_answer_imported_is_noted():
+    from minidist.grader.integrity import scan
+    notes = scan("from minidist.ops import gelu_backward\nimport minidist.ops as o\n"
+                 "def matmul_backward(*a):\n    return o.matmul_backward(*a)\n", ex00_autograd.EXERCISES)
+    assert notes == ["imports the package's answer gelu_backward (from minidist.ops)",
+                     "uses the package's answer matmul_backward (o.matmul_backward)"], notes
+    assert scan("from minidist.comm import ring_all_reduce\n", ex00_autograd.EXERCISES) == []
+
+
+def test_serial_exercises_start_no_mpi_job():
+    """9.1 alone is graded in this process; lesson 10's serial four in one plain Python job;
+    only 10.5 at 3 and 4 ranks goes to the launcher (here one that cannot start)."""
+    env = dict(os.environ, MINIDIST_MPIRUN="/no/such/mpirun", OMP_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, "-m", "minidist.grade", "--only", "9.1", "--",
+                          ROOT / "lessons" / "exercises" / "09_moe.py"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert one.stdout.splitlines()[0] == "TODO  9.1 route", one.stdout + one.stderr
+    ten = subprocess.run([sys.executable, "-m", "minidist.grade", ROOT / "lessons" / "exercises" /
+                          "10_precision_and_compression.py"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env)
+    rows = [line.split("  ")[1:4] for line in ten.stdout.splitlines() if "  -n " in line]
+    assert [r[:2] for r in rows] == [["-n 1", "TODO"]] * 4 + [["-n 3", "FAIL"], ["-n 4", "FAIL"]], ten.stdout
+    assert [r[2].split()[0] for r in rows] == ["10.1", "10.2", "10.3", "10.4", "10.5", "10.5"], rows

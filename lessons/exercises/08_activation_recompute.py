@@ -45,7 +45,8 @@ def checkpoint_backward(fn, inputs, counters, grad):
         1. note each rng's counter now, then set rng.calls back to the forward's start;
         2. make fresh leaves, Tensor(x.data, requires_grad=x.requires_grad), for the Tensors;
         3. out = fn(*leaves), recording (gradients on); put the counters back as noted;
-        4. out.backward(grad): the parameters fn uses get their .grad here;
+        4. out.backward(grad): the parameters fn uses get their .grad here, added to what
+           they hold (earlier micro-batches' gradients: never clear .grad here);
         5. return [leaf.grad for a Tensor input, None for any other input].
     """
     raise NotImplementedError("exercise 8.2: checkpoint_backward")

@@ -3,9 +3,10 @@
 Two functions, each mirroring the package's by name and signature:
 
 - 9.1 `route` (minidist/moe.py): which experts each token goes to, and which of those
-  choices fit within the experts' capacity. Plain NumPy, one process:
+  choices fit within the experts' capacity. Plain NumPy, graded in this one process (no
+  MPI job starts; the whole file, without mpirun, grades 9.1 in one process too):
 
-      python -m minidist.grade lessons/exercises/09_moe.py --only 9.1
+      python -m minidist.grade --only 9.1 -- lessons/exercises/09_moe.py
 
 - 9.2 `all_to_all_v` (minidist/comm/p2p.py): every rank sends rank j the rows meant for
   it, any number of rows (0 included), and gets back the rows every rank meant for it.
@@ -54,7 +55,8 @@ def all_to_all_v(comm, send_chunks):
          and hear from rank (r - k) % N how many you get (one int64 each way, Sendrecv);
       2. then the rows, on the same schedule: at step k send send_chunks[(r + k) % N] and
          receive into a new array of the announced rows from (r - k) % N;
-      3. your own chunk, send_chunks[r], is not sent: copy it.
+      3. your own chunk, send_chunks[r], is not sent: copy it (every array returned is new:
+         none shares memory with the caller's send_chunks, which it may reuse).
     Each rank sends its rows for others once, plus N-1 counts: what lesson 09 measures
     beside its formula.
     """

@@ -9,16 +9,21 @@ Five functions, each mirroring the package's by name and signature:
 - 10.5 `powersgd_step` (minidist/parallel/compression.py): one power iteration of
   PowerSGD on one gradient matrix, summed over ranks with minidist.comm's ring.
 
-10.1 to 10.4 are plain NumPy in one process; 10.5 runs under mpirun. The grader grades
-the file at 3 ranks and at 4 (10.5 is also checked on groups of 2 ranks and of 1):
+10.1 to 10.4 are plain NumPy in one process; 10.5 runs under mpirun. Without mpirun the
+grader grades 10.1 to 10.4 in one process and 10.5 in jobs of 3 ranks and of 4 (10.5 is
+also checked on groups of 2 ranks and of 1); --only 10.1 10.2 starts no MPI job at all:
 
     python -m minidist.grade lessons/exercises/10_precision_and_compression.py
+    python -m minidist.grade --only 10.1 10.2 -- lessons/exercises/10_precision_and_compression.py
     mpirun -n 3 python -m minidist.grade lessons/exercises/10_precision_and_compression.py --only 10.5
 
 After the unit checks, each check plugs your function into the package and trains a tiny
 GPT with it (fp16 with GradScaler; CompressedDataParallel("1bit"); data parallelism with
 PowerSGD), against the same run with the package's answer. Return new arrays on every
-call and leave the inputs unchanged.
+call and leave the inputs unchanged. Once each passes, the training runs that two of them
+share (fp16: 10.1 with 10.2; 1-bit: 10.3 with 10.4) run once more with all of your
+functions in the package at once: they must agree with each other, not only with the
+package's answers.
 """
 import numpy as np  # noqa: F401  (you will want it)
 
@@ -30,7 +35,9 @@ def unscale_grads(grads, scale):
     without a gradient). Returns (unscaled, found_inf):
       unscaled: a list of the same length, each array divided by scale as a NEW float32
           array (the fp32 master weights are updated with it); None stays None;
-      found_inf: True when any gradient holds an inf or a nan (a bool).
+      found_inf: True when any gradient holds an inf or a nan: a Python bool, True or
+          False (bool(...) of NumPy's answer: np.any returns numpy.bool_, and a caller
+          that tests `found_inf is True` would never see a NumPy True).
     The scale is a power of two, so dividing by it is exact.
     """
     raise NotImplementedError("exercise 10.1: unscale_grads")
@@ -43,6 +50,8 @@ def update_scale(scale, good_steps, found_inf, growth_factor=2.0, backoff_factor
     steps restarts at 0 (the step itself is skipped by the caller). Otherwise this is one
     more good step in a row; the growth_interval-th one multiplies the scale by
     growth_factor and restarts the count at 0.
+    found_inf may come as a bool, a numpy.bool_ or 0/1: test its truth (`if found_inf:`),
+    never `found_inf is True` (False for numpy.True_ and for 1).
     """
     raise NotImplementedError("exercise 10.2: update_scale")
 

@@ -63,8 +63,9 @@ def job_command(ranks, path, exercise, timeout, only, out):
 
 def time_limit(exercises, timeout):
     """Seconds one job may take: each unit check and each lesson run of its plug-in check."""
-    from minidist.grader.plugin import time_limit as plugin_limit
-    return sum(timeout + plugin_limit(ex, timeout) for ex in exercises) + MARGIN_S
+    from minidist.grader.plugin import LESSON_RUN_S, shared_runs, time_limit as plugin_limit
+    together = max(timeout, LESSON_RUN_S) * len(shared_runs(exercises))     # all plugged in at once
+    return sum(timeout + plugin_limit(ex, timeout) for ex in exercises) + together + MARGIN_S
 
 
 def run_job(cmd, limit):
@@ -104,26 +105,32 @@ def grade_one(path, exercise, exercises, ranks, timeout, only):
             for ex in exercises]
 
 
-def grade_class(jobs, rank_counts, timeout, only, out=print):
+def grade_class(jobs, rank_counts, timeout, only, out=print, own_ranks=False):
     """Grade [(path, exercise)] at each rank count, each file in jobs of its own.
+    own_ranks: each exercise only at the counts it is graded at (command.exercise_ranks),
+    so that a serial exercise starts one process, not an MPI job per count.
 
     Returns (rows, files): rows carry their "ranks"; files are per-file totals and notes.
     """
-    from minidist.grader.command import checks_for
+    from minidist.grader.command import checks_for, exercise_ranks, fold
     rows, files = [], []
     for path, exercise in jobs:
         exercises = [e for e in checks_for(exercise) if only is None or e.number in only]
-        notes = scan(Path(path).read_text(errors="replace"))
+        notes = scan(Path(path).read_text(errors="replace"), exercises)
         mine = []
         for ranks in rank_counts:
-            got = grade_one(path, exercise, exercises, ranks, timeout, only)
+            these = [e for e in exercises if not own_ranks or ranks in exercise_ranks(e, checks_for(exercise))]
+            if not these:
+                continue
+            got = grade_one(path, exercise, these, ranks, timeout, {e.number for e in these})
             for row in got:
                 row["ranks"] = ranks
                 message = f": {row['message']}" if row["message"] and row["verdict"] == "FAIL" else ""
-                out(f"{Path(path).name}  -n {ranks}  {row['verdict']}  {row['exercise']} {row['name']}{message}")
+                out(fold(f"{Path(path).name}  -n {ranks}  {row['verdict']}  {row['exercise']} {row['name']}{message}"))
             mine += got
         passed = sum(r["verdict"] == "PASS" for r in mine)
-        out(f"{Path(path).name}  {passed}/{len(mine)} pass" + (f"  NOTE: {'; '.join(notes)}: read it" if notes else ""))
+        out(fold(f"{Path(path).name}  {passed}/{len(mine)} pass"
+                 + (f"  NOTE: {'; '.join(notes)}: read it" if notes else "")))
         files.append(dict(file=str(path), passed=passed, total=len(mine), notes=notes))
         rows += mine
     return rows, files

@@ -2,8 +2,9 @@
 
     python -m minidist.grade lessons/exercises/00_autograd.py
     python -m minidist.grade lessons/exercises/01_collectives.py          (launches mpirun -n 3, -n 4)
+    python -m minidist.grade lessons/exercises/09_moe.py --only 9.1       (this process, no MPI job)
     mpirun -n 4 python -m minidist.grade lessons/exercises/01_collectives.py
-    python -m minidist.grade --exercise 04 --ranks 3,4 submissions/ --json out.json
+    python -m minidist.grade --exercise 04 --ranks 3,4 submissions/ --json out.json --csv out.csv
 
 Imports each student file as a module and runs the lesson's checks on its functions
 (minidist/grader/checks/exNN_topic.py), one line per exercise:
@@ -11,15 +12,22 @@ Imports each student file as a module and runs the lesson's checks on its functi
         process with the function plugged into the package (the plug-in check:
         minidist/grader/plugin.py), in float64 and float32;
   FAIL  the first mismatch, in plain words (or the exception it raised, and the line);
+        also when a lesson run where one exercise's result is another's input (08's
+        counters, 10's found_inf and 1-bit bytes) fails with both of the file's functions
+        plugged in at once, though each passed beside the package's answers;
   TODO  the stub still raises NotImplementedError.
+A serial check still running at --timeout (an endless loop) is stopped there (referee.
+interrupt) and FAILs; the file's other exercises are still graded. A file that takes an
+exercise's answer from the package gets a NOTE: a teacher should read it.
 Which checks apply comes from --exercise, or else from the file's name (01_collectives.py).
 
 Where it runs. Under mpirun, this job grades the files named, one after another, on
-every rank. Without mpirun, each file is graded in jobs of its own, one per rank count
-(--ranks, or the exercise's own: 3 and 4 for the multi-rank exercises, 4 for 07, one
-process for 00 and 08), started with MINIDIST_MPIRUN or the mpirun beside this Python
-(minidist/grader/classroom.py): nothing one submission does reaches another's verdict.
-A single file of a one-process exercise is graded here, in this process.
+every rank. Without mpirun, each file is graded in jobs of its own, one per rank count:
+every exercise at --ranks, or each at its own (3 and 4 for the multi-rank exercises, 4
+for 07, one process for the serial ones: 00, 08, 9.1, 10.1 to 10.4), started with
+MINIDIST_MPIRUN or the mpirun beside this Python (minidist/grader/classroom.py): nothing
+one submission does reaches another's verdict. A single file whose exercises (those
+--only names) are all serial is graded here, in this process.
 
 Multi-rank exercises need at least 3 ranks (--help lists them, each with its reason);
 below that they FAIL and say so.
@@ -60,13 +68,24 @@ exit codes:
   0  every exercise of every file passes
   1  some exercise fails or is still TODO
   2  bad usage: an unknown flag, file, exercise or --only number, --timeout <= 0, --ranks
-     under mpirun, a --json path that cannot be written (one line, before anything is graded)
+     under mpirun, a --json or --csv path that cannot be written (one line, before anything
+     is graded)
 
 --json PATH writes the whole run: {{"ranks", "timeout", "exit_code", "results": [{{"file",
 "exercise", "name", "verdict", "message", "seconds"[, "ranks"]}}, ...][, "files": [{{"file",
-"passed", "total", "notes"}}, ...]]}}, one result per file, exercise (and rank count).
+"passed", "total", "notes"}}, ...]], "summary": [{{"file", "verdicts": {{"N.M": verdict}},
+"passed", "total"}}, ...]}}, one result per file, exercise (and rank count); the summary
+is student x exercise, an exercise's worst verdict over its rank counts. --csv PATH writes
+that summary as a table.
 """
 CHECKS = Path(__file__).parent / "checks"
+IN_JOB = "MINIDIST_GRADE_IN_JOB"     # (classroom.IN_JOB) set in the jobs the teacher's form starts
+
+
+def fold(line, width=100):
+    """One verdict as printed: lines of at most `width` columns (a word longer than that
+    stays whole), the ones after the first indented; --json keeps the message in one piece."""
+    return textwrap.fill(line, width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
 
 
 class UsageError(Exception):
@@ -96,16 +115,25 @@ def checks_for(exercise):
     return importlib.import_module(f"minidist.grader.checks.ex{exercise}").EXERCISES
 
 
-def default_ranks(exercise):
-    """The rank counts to grade an exercise file at: one process when nothing needs more;
-    3 and 4 when an exercise needs a ring of at least 3 (3 is odd, so chunks are uneven);
-    else the ranks its plug-in check's lesson needs (4 for lesson 07's grids)."""
-    exercises = checks_for(exercise)
-    ring = max(e.min_ranks for e in exercises)
-    lesson = max((r.ranks for e in exercises for r in e.runs), default=0)
-    if ring > 1:
+def exercise_ranks(ex, siblings=()):
+    """The rank counts one exercise is graded at: 3 and 4 when it needs a ring of at least
+    3 (3 is odd, so chunks are uneven), or when its plug-in check runs the lesson on every
+    rank of the job (the ring of its file's exercises: 2.2, 3.5, 4.1, ...); else the ranks
+    its lesson run needs (4 for lesson 07's grids); else one process (a serial check and a
+    lesson run in one process: 00, 08, 9.1, 10.1 to 10.4 start no MPI job)."""
+    lesson = max((r.ranks for r in ex.runs), default=0)
+    ring = max([ex.min_ranks] + [e.min_ranks for e in siblings])
+    if ex.min_ranks > 1 or (ring > 1 and any(r.ranks == 0 for r in ex.runs)):
         return (max(ring, lesson), max(ring, lesson) + 1)
     return (lesson,) if lesson > 1 else (1,)
+
+
+def default_ranks(exercise, only=None):
+    """The rank counts to grade an exercise file at: every count one of its exercises (those
+    in `only`, when given) is graded at."""
+    exercises = checks_for(exercise)
+    return tuple(sorted({n for e in exercises if only is None or e.number in only
+                         for n in exercise_ranks(e, exercises)}))
 
 
 def ranks_text():
@@ -117,9 +145,18 @@ def ranks_text():
                 reasons.setdefault((e.min_ranks, e.why_ranks), []).append(e.number)
     for (n, why), numbers in reasons.items():
         lines.append(f"{', '.join(numbers)} need at least {n} ranks ({why.rstrip(';')})")
-    lines.append("without mpirun each file is graded at these rank counts: "
-                 + ", ".join(f"{ex[:2]}: {'/'.join(map(str, default_ranks(ex)))}"
-                             for ex in known_exercises().values()))
+    groups = {}                 # rank counts -> exercise files (all of a file's exercises) or numbers
+    for ex in known_exercises().values():
+        exercises = checks_for(ex)
+        counts = {e.number: exercise_ranks(e, exercises) for e in exercises}
+        if len(set(counts.values())) == 1:
+            groups.setdefault(next(iter(counts.values())), []).append(ex[:2])
+        else:
+            for number, c in counts.items():
+                groups.setdefault(c, []).append(number)
+    lines.append("without mpirun each exercise is graded in jobs of its own, at its own rank counts: "
+                 + "; ".join(f"{'one process' if c == (1,) else ' and '.join(map(str, c)) + ' ranks'}: "
+                             f"{', '.join(names)}" for c, names in sorted(groups.items())))
     return "\n".join(textwrap.fill(line, 92, initial_indent="  ", subsequent_indent="    ") for line in lines)
 
 
@@ -235,6 +272,9 @@ class Grader:
         heard = settle(self.ctl, tag, thread, result, session, timeout)
         if session is not None:
             self.stuck = release(self.ctl, tag + 1, thread, session) or self.stuck
+        elif thread is not None and thread.is_alive():      # a serial check's endless loop: end it, so
+            from minidist.grader.referee import interrupt   # that it stops taking the cores (every rank
+            interrupt(thread)                               # runs it alike; none waits for it)
         return verdict_of(heard, timeout, multi)
 
     def one(self, ex, student, load_error):
@@ -274,6 +314,29 @@ class Grader:
             message = f"{message} (the plug-in check: your {ex.name} in the package, the lesson run on it)"
         return verdict, message
 
+    def together(self, passed, student):
+        """The plug-in check once more with every passing function of the file plugged in at
+        once (each lesson setting in its first dtype): two answers that each pass beside the
+        package's others may disagree with each other. A mismatch FAILs the exercises whose
+        own plug-in check runs that setting."""
+        from mpi4py import MPI
+        from minidist.grader import plugin
+        exercises = [ex for ex, _ in passed]
+        fns = [getattr(student, ex.name) for ex in exercises]
+        for run in plugin.shared_runs(exercises):
+            if self.stuck:
+                return
+            t0 = time.perf_counter()
+            session = plugin.PluginSession(self.world if self.world is not None else MPI.COMM_SELF)
+            verdict, message = self._agree(lambda f, s, run=run: plugin.check_together(run, exercises, fns, s),
+                                           None, {}, session, self.n > 1, max(self.timeout, plugin.LESSON_RUN_S))
+            if verdict == PASS:
+                continue
+            for ex, row in passed:
+                if run in ex.runs and row["verdict"] == PASS:
+                    row["verdict"], row["message"] = FAIL, message
+                    row["seconds"] = round(row["seconds"] + time.perf_counter() - t0, 3)
+
     def grade(self, path, exercise, only=None, i=0, prefix=""):
         """Grade one file; returns [row dicts]."""
         from minidist.grader.integrity import Snapshot
@@ -305,14 +368,21 @@ class Grader:
                 t0 = time.perf_counter()
                 row["verdict"], row["message"] = self.plugin(ex, student)
                 row["seconds"] = round(row["seconds"] + time.perf_counter() - t0, 3)
+        if self.plugins:
+            self.together([(ex, row) for ex, row in zip(exercises, rows) if ex.runs and row["verdict"] == PASS],
+                          student)
         if self.root:
             for row in rows:
                 tail = f": {row['message']}" if row["message"] and row["verdict"] != PASS else ""
                 if row["verdict"] == TODO and row["message"].startswith("exercise "):
                     tail = ""          # the stub's own words repeat the number and the name
-                self.out(f"{prefix}{row['verdict']}  {row['exercise']} {row['name']}{tail}")
+                self.out(fold(f"{prefix}{row['verdict']}  {row['exercise']} {row['name']}{tail}"))
             n_pass = sum(r["verdict"] == PASS for r in rows)
             self.out(f"{prefix}{n_pass}/{len(rows)} exercises pass")
+            from minidist.grader.integrity import scan
+            notes = scan(Path(path).read_text(errors="replace"), exercises)
+            if notes and not os.environ.get(IN_JOB):    # (a class's notes: classroom prints them)
+                self.out(fold(f"{prefix}NOTE: {'; '.join(notes)}: read it"))
         return rows
 
 
@@ -368,6 +438,8 @@ def parse(argv):
                    help="without mpirun: grade each file in jobs of its own at these rank counts, e.g. 3,4 "
                         "(default: the exercise's own)")
     p.add_argument("--json", metavar="PATH", help="also write the whole run to PATH as JSON")
+    p.add_argument("--csv", metavar="PATH", help="also write a table to PATH: a row per file, a column per "
+                                                 "exercise (its verdict), passed, total")
     args = p.parse_args(argv)
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
@@ -387,25 +459,28 @@ def parse(argv):
         if unknown:
             raise UsageError(f"--only {' '.join(unknown)}: no such exercise; these files have "
                              f"{', '.join(sorted(numbers))}")
-    if args.json:
-        out = Path(args.json)
+    for flag, name in (("--json", args.json), ("--csv", args.csv)):
+        if not name:
+            continue
+        out = Path(name)
         if out.is_dir():
-            raise UsageError(f"--json {out}: is a folder; name a file")
+            raise UsageError(f"{flag} {out}: is a folder; name a file")
         if not out.parent.resolve().is_dir() or not os.access(out.parent.resolve(), os.W_OK) \
                 or (out.exists() and not os.access(out, os.W_OK)):
-            raise UsageError(f"--json {out}: cannot write there")
+            raise UsageError(f"{flag} {out}: cannot write there")
     return args, jobs, only
 
 
-def in_separate_jobs(args, jobs):
+def in_separate_jobs(args, jobs, only=None):
     """The rank counts to grade each file at in jobs of its own, or None to grade here:
-    under mpirun, inside such a job, or one file of a one-process exercise."""
+    under mpirun, inside such a job, or one file whose exercises (those --only names) are
+    all graded in one process."""
     from minidist.grader.classroom import IN_JOB
     if mpi_world() is not None or os.environ.get(IN_JOB):
         return None
     if args.ranks:
         return args.ranks
-    counts = sorted({n for _, ex in jobs for n in default_ranks(ex)})
+    counts = sorted({n for _, ex in jobs for n in default_ranks(ex, only)})
     if counts == [1] and len(jobs) == 1:
         return None
     return tuple(counts)
@@ -415,6 +490,31 @@ def write_json(path, **run):
     Path(path).write_text(json.dumps(run, indent=1) + "\n")
 
 
+def summary(rows):
+    """Student x exercise: one entry per file, {"file", "verdicts": {exercise: verdict},
+    "passed", "total"}; an exercise graded at several rank counts has its worst verdict
+    (FAIL, then TODO, then PASS)."""
+    worst = {PASS: 0, TODO: 1, FAIL: 2}
+    table = {}
+    for r in rows:
+        cells = table.setdefault(r["file"], {})
+        if worst[r["verdict"]] >= worst.get(cells.get(r["exercise"]), -1):
+            cells[r["exercise"]] = r["verdict"]
+    return [dict(file=f, verdicts=cells, passed=sum(v == PASS for v in cells.values()), total=len(cells))
+            for f, cells in table.items()]
+
+
+def write_csv(path, table):
+    """The summary as CSV: file, one column per exercise (its verdict), passed, total."""
+    import csv
+    numbers = sorted({n for t in table for n in t["verdicts"]}, key=lambda n: [int(p) for p in n.split(".")])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["file", *numbers, "passed", "total"])
+        for t in table:
+            w.writerow([t["file"], *(t["verdicts"].get(n, "") for n in numbers), t["passed"], t["total"]])
+
+
 def main(argv=None):
     try:
         args, jobs, only = parse(argv)
@@ -422,14 +522,16 @@ def main(argv=None):
         if _rank0():
             print(f"python -m minidist.grade: error: {e} (see --help)", file=sys.stderr)
         return 2
-    counts = in_separate_jobs(args, jobs)
+    counts = in_separate_jobs(args, jobs, only)
     if counts is not None:
         from minidist.grader.classroom import grade_class
-        rows, files = grade_class(jobs, counts, args.timeout, only)
+        rows, files = grade_class(jobs, counts, args.timeout, only, own_ranks=not args.ranks)
         code = 0 if all(r["verdict"] == PASS for r in rows) else 1
         if args.json:
             write_json(args.json, ranks=list(counts), timeout=args.timeout, exit_code=code, results=rows,
-                       files=files)
+                       files=files, summary=summary(rows))
+        if args.csv:
+            write_csv(args.csv, summary(rows))
         return code
     g = Grader(args.timeout)
     rows = []
@@ -438,7 +540,9 @@ def main(argv=None):
         rows += g.grade(path, exercise, only, i, prefix)
     code = 0 if all(r["verdict"] == PASS for r in rows) else 1
     if args.json and g.root:
-        write_json(args.json, ranks=g.n, timeout=args.timeout, exit_code=code, results=rows)
+        write_json(args.json, ranks=g.n, timeout=args.timeout, exit_code=code, results=rows, summary=summary(rows))
+    if args.csv and g.root:
+        write_csv(args.csv, summary(rows))
     sys.stdout.flush()
     if g.stuck:  # a thread is blocked inside MPI for good: MPI_Finalize would wait for it
         if g.ctl is not None:

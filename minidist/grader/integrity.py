@@ -13,7 +13,8 @@ What this cannot prevent, said in the course map: code that undoes its change be
 grader looks, that changes state rather than functions (a counter, a cached array), or
 that reads another student's file. `scan(source)` flags, for the teacher, the lines that
 do such things on purpose or by accident: importing the grader or its checks, inspecting
-stack frames, walking the garbage collector, touching MPI.COMM_WORLD.
+stack frames, walking the garbage collector, touching MPI.COMM_WORLD, and taking an
+exercise's answer from the package itself.
 """
 import ast
 import sys
@@ -71,13 +72,34 @@ FRAME_WORDS = {"_getframe", "f_back", "f_locals", "f_globals", "currentframe", "
                "settrace", "setprofile", "get_referrers", "get_objects", "tb_frame"}
 
 
-def scan(source):
-    """Notes on the source of a student's file: what it does that a teacher should read."""
+def scan(source, exercises=()):
+    """Notes on the source of a student's file: what it does that a teacher should read.
+    exercises: the Exercise entries graded; a file that takes one's answer from the package
+    (`from minidist.precision import update_scale`, or `precision.update_scale` of an
+    imported minidist module) may PASS with nothing of its own: noted, by name."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []
     notes = set()
+    answers = {e.name for e in exercises}
+    modules = set()                       # names this file binds to minidist modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name.split(".")[0]) for a in node.names if a.name.startswith("minidist")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minidist"):
+            modules |= {a.asname or a.name for a in node.names if a.name not in answers}
+            taken = [a.name for a in node.names if a.name in answers]
+            if taken:
+                notes.add(f"imports the package's answer{'s' if len(taken) > 1 else ''} {', '.join(taken)} "
+                          f"(from {node.module})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in answers:
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                notes.add(f"uses the package's answer {node.attr} ({ast.unparse(node)})")
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)      # the stub's own text names the command
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}

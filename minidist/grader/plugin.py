@@ -25,6 +25,7 @@ collectives block in MPI, not in the grader's stoppable communicator). A hang is
 time-out as in any check; the grader then runs nothing more in that job (the teacher's
 form grades each file in jobs of its own), and exits without waiting for the blocked thread.
 """
+import contextlib
 import importlib
 import inspect
 import shlex
@@ -48,6 +49,10 @@ class Run:
     ranks: int = 0                            # 0: every rank of the job; k: the first k ranks (1: one process)
     dtypes: tuple = ("float64", "float32")
     judge: object = None                      # report -> True when the run passes (None: the report's "match")
+    figures: object = None                    # report -> {name: value} that must equal the package's own run
+                                              # of the same setting (a lesson's MATCH may not look at them)
+    together: bool = False                    # run once more with every exercise that runs it plugged in at
+                                              # once: there one's result is another's input (check_together)
 
     def flags(self, n, dtype):
         return [*(self.argv(n) if callable(self.argv) else self.argv), "--dtype", dtype]
@@ -164,7 +169,7 @@ class PluginSession:
         self.comm.Free()
 
 
-def _one(run, dtype, ex, fn, world, session):
+def _one(run, dtype, ex, fn, world, session, together=()):
     """Run the lesson once with fn plugged in; raise AssertionError unless it matches.
 
     A crash raises at once on the rank that crashed (the others are then blocked in the
@@ -185,13 +190,17 @@ def _one(run, dtype, ex, fn, world, session):
         comm = part if rank < k else None
     else:
         part, comm = None, world
-    setting = f"lesson {run.lesson[:2]} with your {ex.name} ({run.command(k, dtype)})"
+    names = " and ".join(e.name for e, _ in together) + " together" if together else ex.name
+    setting = f"lesson {run.lesson[:2]} with your {names} ({run.command(k, dtype)})"
     session.doing = setting
     matched, why = True, ""
     if comm is not None:
         mod = lesson_module(run.lesson)
         args = mod.build_parser().parse_args(run.flags(k, dtype))
-        with plugged(ex.reference, fn), harness.running(comm) as said_by_lesson:
+        with contextlib.ExitStack() as stack:
+            for e, f in together or [(ex, fn)]:
+                stack.enter_context(plugged(e.reference, f))
+            said_by_lesson = stack.enter_context(harness.running(comm))
             try:
                 mod.main(args)
             except harness.InputError as e:    # the grader's own setting does not fit: its bug
@@ -202,14 +211,44 @@ def _one(run, dtype, ex, fn, world, session):
         matched = bool(run.judge(report) if run.judge is not None else report.get("match"))
         if not matched:
             why = _why(report, said_by_lesson.lines)
+        elif run.figures is not None:
+            why = _figures_differ(run.figures(report), _package_figures(run, dtype, k, mod, args, comm))
+            matched = not why
     if part is not None:
         part.Free()
     flags = np.array([int(matched)], np.int64)
     world.Allreduce(flags.copy(), flags, op=MPI.MIN)      # every rank: did the lesson match?
     if not flags[0]:
         if rank == 0:                      # rank 0 ran the lesson and holds its lines
-            raise AssertionError(f"{setting}: MISMATCH: {why} (the package's own {ex.name} matches there)")
+            raise AssertionError(f"{setting}: MISMATCH: {why} (the package's own {names} match"
+                                 + ("; each of yours passed alone: read what their docstrings say they "
+                                    "return and accept)" if together else "es there)"))
         raise Stopped("the lesson did not match: rank 0 says why")
+
+
+_PACKAGE = {}       # (lesson, flags, ranks) -> the figures of the package's own run
+
+
+def _package_figures(run, dtype, k, mod, args, comm):
+    """The figures of the lesson run with the package's own answers (run once per setting)."""
+    from minidist.lessons import harness
+    key = (run.lesson, tuple(run.flags(k, dtype)), k)
+    if key not in _PACKAGE:
+        with harness.running(comm) as said_by_lesson:
+            mod.main(args)
+        _PACKAGE[key] = run.figures(said_by_lesson.reports[-1])
+    return _PACKAGE[key]
+
+
+def _figures_differ(got, want):
+    """'' when every figure equals the package's run (floats to 1e-9 relative), else why."""
+    for name, w in want.items():
+        g = got.get(name)
+        same = g == w if not isinstance(w, float) or not isinstance(g, float) else \
+            abs(g - w) <= 1e-9 * max(1.0, abs(w))
+        if not same:
+            return f"the lesson says MATCH, but its {name} is {g!r} where the package's own run has {w!r}"
+    return ""
 
 
 FLAGGED = ("DIFFER", "OUTSIDE", "NOT ", "MISMATCH", "FAIL", "WRONG")
@@ -238,3 +277,27 @@ def check(ex, fn, session):
     if wrapped.calls == 0 and session.comm.Get_rank() == 0:
         raise RuntimeError(f"the grader's plug-in check of {ex.number} never called {ex.name}: "
                            "a bug in the grader, not in your file")
+
+
+def shared_runs(exercises):
+    """The lesson settings (in order, each once) marked `together` that the plug-in checks
+    of at least two of `exercises` run: where, in the package, one of the functions hands
+    its result to another (GradScaler: unscale_grads' found_inf to update_scale; 1-bit:
+    onebit_compress's bytes to onebit_decompress; Checkpoint: checkpoint_forward's counters
+    to checkpoint_backward). Only there can two answers that each pass beside the package's
+    disagree with each other; elsewhere it would be one more lesson run for nothing."""
+    runs = []
+    for e in exercises:
+        runs += [r for r in e.runs if r.together and r not in runs and sum(r in x.runs for x in exercises) >= 2]
+    return runs
+
+
+def check_together(run, exercises, fns, session):
+    """The plug-in check once more: lesson setting `run`, in its first dtype, with every
+    function of `exercises` (each fn beside its exercise) plugged in at once. Each function
+    passed its own plug-in check with the package's answers around it; two of a student's
+    that disagree on what they hand each other (a numpy.bool_ where a bool is tested with
+    `is`) pass alone and fail only here."""
+    session.thread = threading.get_ident()
+    pairs = [(e, counted(f, e.reference.__module__)) for e, f in zip(exercises, fns)]
+    _one(run, run.dtypes[0], None, None, session.comm, session, together=pairs)

@@ -104,13 +104,40 @@ def start_check(check, fn, session=None):
     return t, result
 
 
+class TimeLimit(BaseException):
+    """Raised inside a check's thread when its time is up (not an Exception: a student's
+    `except Exception:` does not swallow it)."""
+
+
+def interrupt(thread, grace=GRACE_S):
+    """End a check's thread that is still running Python code (an endless loop): raise
+    TimeLimit in it, again every 50 ms (a bare `except:` may swallow one), until it ends or
+    `grace` seconds pass. True when it ended.
+
+    Why this and not a signal or a subprocess: the check runs in a thread (the main thread
+    stays free to agree with the other ranks), and signal.alarm interrupts only the main
+    thread; a subprocess per exercise would start Python and NumPy again for each, and lose
+    the one process a class's job shares. CPython's PyThreadState_SetAsyncExc delivers an
+    exception to another thread at its next bytecode: an endless loop ends, its `finally`
+    blocks run (a plugged-in answer is put back), and the next exercise is graded. A thread
+    blocked inside one C call (MPI, a huge NumPy operation) is not reached: still stuck."""
+    import ctypes
+    deadline = time.monotonic() + grace
+    while thread.is_alive() and time.monotonic() < deadline:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TimeLimit))
+        thread.join(0.05)
+    return not thread.is_alive()
+
+
 def run_check(check, fn, timeout, session=None):
-    """One process, no MPI: run check(fn[, session]) with a time limit. Returns (verdict, message, finished)."""
+    """One process, no MPI: run check(fn[, session]) with a time limit. Returns (verdict, message, finished);
+    a check still running Python code at the limit is interrupted (finished then says whether it ended)."""
     t, result = start_check(check, fn, session)
     t.join(timeout)
     if t.is_alive():
         where = session.where() if session is not None else "an endless loop?"
-        return FAIL, f"did not finish within {timeout:g} s ({where})", False
+        ended = interrupt(t)
+        return FAIL, f"did not finish within {timeout:g} s ({where})" + (": stopped there" if ended else ""), ended
     severity, message = result["v"]
     return word(severity), message, True
 

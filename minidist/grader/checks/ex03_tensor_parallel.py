@@ -141,6 +141,23 @@ def _dtype_problem(got, dtype, what, of="the result", inputs="the input"):
             f"np.empty(n) are float64: pass the dtype, np.zeros(n, x.dtype), or use np.zeros_like(x))")
 
 
+def _loss_dtype_problem(loss, dtype, what):
+    """None when the loss is one number a caller can use in the logits' dtype: a NumPy value
+    of that dtype, or a Python float (float(np.mean(...)): the package's caller converts it
+    with xp.asarray(loss, dtype=logits.dtype)); else a sentence naming what was returned."""
+    if type(loss) is float:
+        return None
+    have = np.asarray(loss).dtype
+    if have == dtype:
+        return None
+    kind = (f"a NumPy {have} scalar ({type(loss).__module__}.{type(loss).__name__})" if np.ndim(loss) == 0
+            and isinstance(loss, np.generic) else f"a {have} array of shape {np.shape(loss)}"
+            if isinstance(loss, np.ndarray) else f"a {type(loss).__name__} ({have})")
+    return (f"{what}: the loss is {kind}, the logits are {dtype}: return it in the logits' dtype (a NumPy "
+            f"mean of {dtype} values is {dtype}; a {have} value says some of the arithmetic ran in {have}: "
+            "np.zeros(n) is float64, np.zeros(n, logits.dtype) is not) or as a Python float, float(...)")
+
+
 def _ring_bytes(sizes, t, itemsizes):
     """(lo, hi) bytes one rank sends for ring all-reduces of arrays of these element counts."""
     lo = hi = 0
@@ -629,8 +646,7 @@ def check_vocab_parallel_cross_entropy_forward(fn, session=None):
                        _bytes_problem(comm, [N] * 3, what, f"three all-reduces of N = {N} numbers "
                                       "(the max, the target's logit, the sum of exponentials)", dtype,
                                       gathered=N * per * n * dtype.itemsize),
-                       _dtype_problem(got_loss, dtype, f"rank {r}: the loss of the {what}", of="the loss",
-                                      inputs="the logits"),
+                       _loss_dtype_problem(got_loss, dtype, f"rank {r}: the loss of the {what}"),
                        kept.after([got_probs, got_loss], (f"case {i + 1} ({dtype})", np.shape(got_probs))))
                 _same_everywhere(s, np.asarray(got_loss, dtype=np.float64), f"the loss of the {what}")
 

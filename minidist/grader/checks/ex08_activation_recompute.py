@@ -19,7 +19,9 @@ other way round:
   backward is called three times, last block first. It must return one gradient per
   input, one for the Tensor that requires grad; each rerun must draw its forward's
   masks; the counter must be back where it was after each call; the input's and every
-  parameter's gradient must equal the blocks' without recomputation, exactly.
+  parameter's gradient must equal the blocks' without recomputation, exactly. Every
+  parameter already holds a gradient when this backward starts (earlier micro-batches'):
+  the backward adds to it, so one that clears .grad before its rerun FAILs.
 
 The expected values (the blocks run without recomputation) are computed only after the
 function under grade has returned. An AssertionError raised by the student's own code
@@ -65,24 +67,31 @@ def _plugged(name, fn):
         setattr(recompute, name, old)
 
 
-def _setup(seed=0):
-    """The blocks, the input leaf, the gradient of the last output, a DropoutRNG at START."""
+def _setup(seed=0, accumulated=False):
+    """The blocks, the input leaf, the gradient of the last output, a DropoutRNG at START.
+    accumulated: every parameter already holds a gradient, as after earlier micro-batches
+    (a backward adds to it; one that starts from None would pass without this)."""
     blocks = list(GPT(CFG, seed=seed).transformer.h)
     g = np.random.default_rng(seed)
     leaf = Tensor(g.standard_normal((B, CFG.block_size, CFG.n_embd)), requires_grad=True)
     rng = NotingRNG(seed, 0, range(B))
     rng.calls = START
-    return blocks, leaf, g.standard_normal((B, CFG.block_size, CFG.n_embd)), rng
+    grad = g.standard_normal((B, CFG.block_size, CFG.n_embd))
+    if accumulated:
+        earlier = np.random.default_rng([seed, 1])
+        for _, p in _params(blocks):
+            p.grad = earlier.standard_normal(p.shape)
+    return blocks, leaf, grad, rng
 
 
 def _params(blocks):
     return [(f"h.{i}.{n}", p) for i, b in enumerate(blocks) for n, p in b.named_parameters()]
 
 
-def _plain(seed=0):
+def _plain(seed=0, accumulated=False):
     """The blocks without recomputation: each block's output, the masks each drew, the
     input's gradient, the parameters' gradients. Computed after the student's code ran."""
-    blocks, leaf, grad, rng = _setup(seed)
+    blocks, leaf, grad, rng = _setup(seed, accumulated)
     x, outs, masks = leaf.reshape(leaf.shape), [], []
     for block in blocks:
         mark = len(rng.drawn)
@@ -173,7 +182,7 @@ def check_checkpoint_forward(fn):
 
 
 def check_checkpoint_backward(fn):
-    blocks, leaf, grad, rng = _setup()
+    blocks, leaf, grad, rng = _setup(accumulated=True)
     index = {id(b): i for i, b in enumerate(blocks)}
     forward_drawn, reruns, returned = {}, [], []
 
@@ -225,7 +234,7 @@ def check_checkpoint_backward(fn):
                 raise AssertionError("a gradient checkpoint_backward returned changed when it was called again for "
                                      "the block before: return the leaves' own .grad, not a buffer reused")
     # what the blocks give without recomputation, now that fn has returned for the last time
-    outs, masks, want_gx, want_gp = _plain()
+    outs, masks, want_gx, want_gp = _plain(accumulated=True)
     bad = [(i, drawn, forward_drawn[i]) for i, drawn, _, _ in reruns if drawn != forward_drawn.get(i)]
     if bad:
         i, drawn, want = bad[0]
@@ -237,8 +246,17 @@ def check_checkpoint_backward(fn):
         masks_said = ("every rerun drew its forward's masks, so the rerun's arithmetic or the gradient returned "
                       "differs: run fn on fresh leaves, backpropagate `grad` from its output, return the leaves' .grad")
     _same("the input's gradient", leaf.grad, want_gx, masks_said)
+    _, _, _, fresh = _plain()              # the same blocks, their parameters' .grad starting at None
     for name, p in _params(blocks):
-        _same(f"the gradient of {name}", p.grad, want_gp[name], masks_said)
+        got = np.asarray(getattr(p.grad, "data", p.grad)) if p.grad is not None else None
+        if got is not None and got.shape == fresh[name].shape and np.array_equal(got, fresh[name]) \
+                and not np.array_equal(got, want_gp[name]):
+            raise AssertionError(f"the gradient of {name} is this backward's alone: it held a gradient from earlier "
+                                 "micro-batches, which your checkpoint_backward wiped (p.grad = None, or "
+                                 "zero_grad, before the rerun?); backward adds to .grad, and only the optimizer's "
+                                 "zero_grad clears it, once per step")
+        _same(f"the gradient of {name} (it held earlier micro-batches' gradients: the backward adds to them)",
+              p.grad, want_gp[name], masks_said)
 
 
 # Lesson 08 with your half of the checkpoint, in one process: every policy (none, full,
@@ -247,7 +265,7 @@ def check_checkpoint_backward(fn):
 # every serial grading.)
 SMALL = ("--n-layer", "3", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch-size", "2",
          "--steps", "1", "--sweep", "2")
-RUNS = (Run("08_activation_recompute", SMALL, ranks=1),)
+RUNS = (Run("08_activation_recompute", SMALL, ranks=1, together=True),)   # forward's counters -> backward
 
 EXERCISES = [
     Exercise("8.1", "checkpoint_forward", recompute.checkpoint_forward, check_checkpoint_forward, runs=RUNS),

@@ -11,8 +11,9 @@
   that sends only to itself), rows of several shapes and dtypes, a large chunk (above MPI's
   eager limit, so a Send that waits for its Recv shows a deadlock), on the world and again
   on groups of N-1 ranks and of 1. Each rank must get, from every rank i, exactly the rows i
-  meant for it, in order, in the dtype sent; send the rows to other ranks once (plus a few
-  int64 counts), its own chunk not through MPI; and leave its inputs unchanged.
+  meant for it, in order, in the dtype sent, in new arrays (none sharing memory with an
+  input: its own chunk copied, not returned as it is); send the rows to other ranks once
+  (plus a few int64 counts), its own chunk not through MPI; and leave its inputs unchanged.
 """
 import numpy as np
 
@@ -175,6 +176,14 @@ def _all_to_all_cases(fn, s, seed=7):
         if not isinstance(got, (list, tuple)) or len(got) != n:
             raise AssertionError(f"rank {r}, {what}: return a list of {n} arrays (one from each rank), got "
                                  f"{type(got).__name__}" + (f" of {len(got)}" if hasattr(got, '__len__') else ""))
+        for src, g in enumerate(got):
+            shared = [d for d, c in enumerate(send) if isinstance(g, np.ndarray) and np.shares_memory(g, c)]
+            if shared:
+                raise AssertionError(f"rank {r}, {what}: the array returned from rank {src} shares memory with "
+                                     f"send_chunks[{shared[0]}], the caller's own array"
+                                     + (" (your own chunk returned as it is: copy it, so that the caller may "
+                                        "reuse its send buffers)" if src == r == shared[0] else "")
+                                     + ": return new arrays")
         for src in range(n):
             want = _rows(src, r, n, case, seed + i)            # the answer, only now
             g = np.asarray(got[src])

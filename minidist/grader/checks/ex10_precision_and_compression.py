@@ -11,15 +11,21 @@ the same run with the package's own answer:
 - 10.1 unscale_grads(grads, scale): float16, float32 and float64 gradients (None among
   them, shapes with 0 and odd numbers of elements); scales that are powers of two
   (2^16, 2^-3, 1: then the result must be exact, bit for bit) and that are not (3: within
-  two float32 ulps); an inf, a -inf, a nan alone. The result is fp32, found_inf a bool.
+  two float32 ulps); an inf, a -inf, a nan alone. The result is fp32, found_inf a Python
+  bool (not numpy.bool_: a caller may test it with `is True`).
 - 10.2 update_scale(scale, good_steps, found_inf, growth_factor, backoff_factor,
   growth_interval): hand-made steps (growth at exactly the interval, an inf that resets
-  the count) and long runs of random infs at intervals 1, 2, 3, 7 and 2000, with the
-  default factors and with others, every (scale, good_steps) compared.
+  the count), found_inf given in turn as a bool, a numpy.bool_ and 0/1, and long runs
+  of random infs at intervals 1, 2, 3, 7 and 2000, with the default factors and with
+  others, every (scale, good_steps) compared.
   Both 10.1 and 10.2 then train a tiny GPT in fp16 with minidist.precision's
   MixedPrecision and GradScaler (its loss scale starting at 2^19, so the first steps
   overflow and are skipped, later ones grow it) for 8 steps: the losses, the scale's
-  history and every weight must equal the package's own run, bit for bit.
+  history and every weight must equal the package's own run, bit for bit. Lesson 10's
+  fp16 run (the plug-in check) must also skip as many steps and reach the same
+  validation loss as the package's own run, with each function alone and with 10.1 and
+  10.2 plugged in together: its MATCH (the exact checks) does not look at them, and a
+  scale that never backs off skips every step and still MATCHes.
 - 10.3 onebit_compress(x, residual) and 10.4 onebit_decompress(packed, scale, n):
   float32 and float64, n from 1 to 100 (most not multiples of 8), exact zeros in
   v = x + residual (a zero is +), residuals large enough to flip signs, inputs that are
@@ -148,8 +154,13 @@ def _unscale_problem(got, grads, scale, what):
     if not (isinstance(got, tuple) and len(got) == 2):
         return f"{what}: return (grads, found_inf), a list and a bool; got {type(got).__name__}"
     out, found = got
-    if not isinstance(found, (bool, np.bool_)):
-        return f"{what}: found_inf must be a bool (True or False), got {type(found).__name__}"
+    if type(found) is not bool:
+        numpy_bool = isinstance(found, np.bool_)
+        return (f"{what}: found_inf must be a bool (True or False), got "
+                + (f"numpy.bool_ ({found!r}, what np.any and np.all return): return bool(...), a Python bool; "
+                   "code that tests `found_inf is True` never sees a NumPy True" if numpy_bool else
+                   f"{type(found).__module__}.{type(found).__name__} ({found!r})" if isinstance(found, np.generic)
+                   else f"{type(found).__name__} ({found!r})"))
     want_found = any(g is not None and not np.all(np.isfinite(g)) for g in grads)
     if bool(found) != want_found:
         kinds = [k for g in grads if g is not None for k, f in (("nan", np.isnan), ("inf", np.isinf)) if f(g).any()]
@@ -237,7 +248,13 @@ def _update_problem(got, args, what):
             or good_int != want_good:
         s, g, found, growth, backoff, interval = args
         hint = ""
-        if found and good_int != 0:
+        if type(found) is not bool and float(scale) == referee_update(s, g, not found, *args[3:])[0] \
+                and good_int == referee_update(s, g, not found, *args[3:])[1]:
+            kind = type(found).__name__ if type(found).__module__ == "builtins" else \
+                f"{type(found).__module__}.{type(found).__name__}"
+            hint = (f" (found_inf was {found!r}, {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a Python "
+                    "bool: `found_inf is True` reads it wrong; test its truth, `if found_inf:`)")
+        elif found and good_int != 0:
             hint = " (an inf restarts the count of good steps at 0)"
         elif not found and g + 2 == interval and float(scale) == s * growth:
             hint = f" (grown one step early: the scale grows on good step number {interval} in a row, not before)"
@@ -274,11 +291,16 @@ def _update_sequences():
             yield f"{n} steps, growth_interval {interval}, factors {gr:g} and {bo:g}", 2.0 ** 16, gr, bo, interval, infs
 
 
+# found_inf as callers pass it: a Python bool, a NumPy bool (np.any's result, what a
+# student's unscale_grads may return), 0 or 1 (a count of ranks that overflowed)
+FOUND_KINDS = (bool, np.bool_, int)
+
+
 def check_update_scale(fn):
     for what, scale, gr, bo, interval, infs in _update_sequences():
         good = 0
         for k, found in enumerate(infs):
-            args = (scale, good, bool(found), gr, bo, interval)
+            args = (scale, good, FOUND_KINDS[k % len(FOUND_KINDS)](bool(found)), gr, bo, interval)
             got = yours(fn, *args)
             problem = _update_problem(got, args, f"{what}, step {k + 1}")
             if problem:
@@ -751,9 +773,16 @@ def tiny(*flags):
                       "--steps", "4", "--eval-iters", "1", "--eval-interval", "4", *flags)
 
 
+def fp16_figures(report):
+    """What the fp16 run did, beside the package's own run: a scale that never backs off
+    skips every step and trains nothing, and lesson 10's MATCH (its exact checks) still holds."""
+    fp16 = next(v for v in report["variants"] if v["precision"] == "fp16")
+    return {"fp16 variant's skipped steps": fp16["skipped_steps"], "fp16 variant's val loss": fp16["val_loss"]}
+
+
 FP16_RUNS = (Run(LESSON, tiny("--precision", "fp16", "--init-scale", str(2 ** 19), "--growth-interval", "2"),
-                 ranks=1),)
-ONEBIT_RUNS = (Run(LESSON, tiny("--compressor", "1bit", "--warmup-steps", "1"), ranks=1),)
+                 ranks=1, figures=fp16_figures, together=True),)
+ONEBIT_RUNS = (Run(LESSON, tiny("--compressor", "1bit", "--warmup-steps", "1"), ranks=1, together=True),)
 POWERSGD_RUNS = (Run(LESSON, tiny("--compressor", "powersgd", "--rank", "2")),)
 
 EXERCISES = [
