@@ -98,7 +98,7 @@ def test_estimate_adds_up():
 
 def test_dp_reduce_overlaps_only_the_last_backward():
     model = Model(24, 2304, 24, 51200, 2048, 512)
-    cluster = make_cluster("a100-80gb", 32)
+    cluster = make_cluster("a100-80gb", 32, contention=False)    # one NIC's bandwidth per GPU
     e = estimate(model, cluster, Layout(1, 1, 32, 1, recompute="full", precision="zero"))
     psi = model.params()
     reduce_s = ring_all_reduce_time(psi * 2, 32, cluster.inter_alpha, 1 / cluster.inter_bw)
@@ -122,6 +122,8 @@ def test_dp_reduce_overlaps_only_the_last_backward():
     (["--params", "70e9", "--gpus", "1024", "--tp", "8", "--pp", "8", "--cp", "64"],
      "tp x pp x cp = 4096 does not divide the 1024 GPUs"),
     (LLAMA + ["--cp", "8", "--cp-variant", "ulysses"], "Ulysses cp 8 does not divide"),
+    (["--params", "7e9", "--gpus", "16", "--tp", "8", "--pp", "1", "--only", "--tp-comm-overlap"],
+     "--tp-comm-overlap needs sequence parallelism"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     with pytest.raises(SystemExit) as err:
@@ -156,7 +158,8 @@ def test_the_cli_states_the_published_llama3_row(capsys):
     flag, --flash-attention included: the CLI prints that row's prediction."""
     from minidist.plan import published
     row = next(r for r in published.ROWS if r.label == "405B on 8192")
-    code, out = run(capsys, LLAMA + ["--chunks", "8", "--zero", "1", "--sequence-parallel",
+    code, out = run(capsys, LLAMA + ["--chunks", "8", "--zero", "2", "--accumulate", "16",
+                                     "--sequence-parallel",
                                      "--flash-attention", "--only", "--json"])
     lay = json.loads(out.out)["layouts"][0]
     assert code == 0 and lay["mfu"] == published.predict(row)[0]
@@ -324,7 +327,8 @@ def test_llama3_128k_row():
 
 def test_cli_cp_prints_one_layout(capsys):
     argv = LLAMA[:1] + ["16384"] + LLAMA[2:] + ["--cp", "16", "--seq", "131072", "--global-batch",
-                                                "128", "--chunks", "8", "--zero", "1",
+                                                "128", "--chunks", "8", "--zero", "2",
+                                                "--accumulate", "16",
                                                 "--sequence-parallel", "--flash-attention", "--only"]
     code, out = run(capsys, argv + ["--json"])
     doc = json.loads(out.out)
@@ -355,3 +359,78 @@ def test_activation_count_follows_model_shape():
                                  dropout=False, flash_attention=True)
     assert est.memory["activations"] == pytest.approx(16 * per, rel=1e-12)
     assert per < activation_layer_bytes(8192, 1, 16384, 128, 8, True, attention="blockwise")
+
+
+# -- the terms of real runs: GEMM shapes, link efficiency, contention, TP overlap
+
+
+def test_gemm_waves_tiles_and_bytes():
+    """plan.gemm: 108 tiles of 256 x 128 fill one A100 wave (factor 1), one column more
+    takes a second wave; a one-wave GEMM with K = 64 is bound by HBM: intensity x bandwidth
+    / rate."""
+    from minidist.plan.cluster import GPUS
+    from minidist.plan.gemm import shape_factor
+    a100 = GPUS["a100-80gb"]
+    assert shape_factor(256 * 12, 128 * 9, 8192, a100) == 1.0
+    assert shape_factor(256 * 12, 128 * 9 + 128, 8192, a100) == pytest.approx(120 / 216)
+    m, n, k = 256, 128 * 108, 64
+    intensity = 2 * m * n * k / (2 * (m * k + k * n + m * n))
+    rate = a100.peak_flops * a100.matmul_efficiency
+    assert shape_factor(m, n, k, a100) == pytest.approx(intensity * a100.hbm_bytes_per_s / rate)
+    assert shape_factor(m, n, k, a100) < 0.6
+
+
+def test_gemm_shapes_off_times_the_flop_count():
+    """Without GEMM shapes a layer's products take its FLOPs at t x peak x efficiency
+    (the count of plan.flops); with them, no less."""
+    model = Model(4, 1024, 8, 51200, 2048, 64)
+    lay = Layout(2, 1, 4, 1)
+    off, on = (estimate(model, make_cluster("h100-sxm", 8, gemm_shapes=s), lay) for s in (False, True))
+    g = GPUS["h100-sxm"]
+    layer = 3 * flops.layer_flops(1, 2048, 1024, heads=8) / (2 * g.peak_flops * g.matmul_efficiency)
+    line = dict((q, v) for q, _, v in off.lines)["layer matmuls / micro-batch"]
+    assert line == pytest.approx(layer, rel=1e-12)
+    assert on.compute_s > off.compute_s
+
+
+def test_links_contention_and_efficiency():
+    """Cluster.link: one GPU per node in a group gets its own NIC; a group of 8 per node the
+    node's 8 NICs, never more than NVLink; a measured machine (contention off) one NIC;
+    link_efficiency multiplies by Calculon's 0.6 (NVLink) and 0.9 (network)."""
+    from minidist.plan.cluster import ranks_per_node
+    c = make_cluster("a100-80gb", 64)
+    assert c.link(64, ranks_per_node(8, 8, 8)) == (c.inter_alpha, 25e9)
+    assert c.link(64, ranks_per_node(1, 64, 8)) == (c.inter_alpha, 200e9)
+    assert c.link(64, 8, crossing=16) == (c.inter_alpha, 100e9)        # two phases at once
+    assert make_cluster("a100-80gb", 64, contention=False).link(64, 8)[1] == 25e9
+    e = make_cluster("a100-80gb", 64, link_efficiency=True)
+    assert e.link(8)[1] == pytest.approx(0.6 * 300e9) and e.link(64)[1] == pytest.approx(0.9 * 25e9)
+    assert e.link(64, 8)[1] == pytest.approx(0.6 * 300e9)                # the NVLink hops bound it
+
+
+def test_tp_comm_overlap():
+    """--tp-comm-overlap needs SP; with it each layer's TP messages c hide behind its GEMMs g,
+    which lose u of the GPU meanwhile: max(c - g, u c) of c shows (cost.py)."""
+    from minidist.plan.cost import TP_OVERLAP_SM_SHARE as u
+    from minidist.plan import step_bytes as SB
+    from minidist.plan.traffic import tp_sent
+    model = Model(4, 8192, 64, 51200, 2048, 8)
+    cluster = make_cluster("h100-sxm", 8)
+    assert "sequence parallelism" in legal(model, cluster, Layout(8, 1, 1, 1, tp_comm_overlap=True))
+    off, on = (estimate(model, cluster, Layout(8, 1, 1, 1, sequence_parallel=True, tp_comm_overlap=o))
+               for o in (False, True))
+    one = tp_sent(1, 2048, 8192, 1, 8, 0, 2, 1, False, False, True, True, 0, False, 0)
+    c = SB.seconds({k: v for k, v in one.items() if v[1]}, 8, *cluster.link(8))
+    assert c < off.compute_s / 32 / 2                     # compute-bound: u c shows of each c
+    assert on.tp_s == pytest.approx(off.tp_s - 8 * 4 * (1 - u) * c, rel=1e-9)
+    assert on.compute_s == off.compute_s
+
+
+def test_tp_comm_overlap_searched_where_sp_and_held_when_given():
+    """The search tries --tp-comm-overlap on and off where SP is on, never without SP; a
+    value the user gives is held."""
+    model, cluster = Model(4, 1024, 8, 51200, 2048, 16), make_cluster("h100-sxm", 8)
+    seen = {(lay.sequence_parallel, lay.tp_comm_overlap) for lay in layouts(model, cluster)}
+    assert seen == {(False, False), (True, False), (True, True)}
+    held = {lay.tp_comm_overlap for lay in layouts(model, cluster, tp_comm_overlap=False)}
+    assert held == {False}

@@ -6,8 +6,9 @@ import pytest
 
 from minidist.plan.cluster import make_cluster
 from minidist.plan.cost import estimate
-from minidist.plan.layout import Layout, Model, layout_stages
-from minidist.plan.memory import (FSDP_ZERO_STAGE, LLAMA3_FSDP_ZERO, activation_layer_bytes,
+from minidist.plan.layout import Layout, Model, layout_stages, legal
+from minidist.plan.memory import (FSDP_ZERO_STAGE, LLAMA3_FSDP_ZERO, accumulator_bytes,
+                                  activation_layer_bytes,
                                   korthikanti_layer_bytes, layer_activation_bytes,
                                   layer_activation_terms, model_state_bytes)
 from minidist.plan.pipeline import live_chunks
@@ -87,3 +88,39 @@ def test_llama_405b_memory_from_parts(gpus, flight):
         flash_attention=True))
     assert zero1.memory["grads"] == 2 * zero1.memory["weights"]          # whole fp32 gradients
     assert est.memory_bytes_per_gpu < zero1.memory_bytes_per_gpu - 12e9
+
+
+@pytest.mark.parametrize("gpus", [8192, 16384])
+def test_llama3_accumulates_a_chunk_then_reduce_scatters_once_per_group(gpus):
+    """Llama 3's mapping (plan.memory.LLAMA3_FSDP_ZERO, Layout.accumulate = N = 16): the
+    gradients' reduce-scatters fall from m per step to m / 16, the bytes with them, and
+    one chunk's whole fp32 gradient (accumulator_bytes) joins the sharded states; the
+    published rows use exactly this layout, and their memory says why they do not fit."""
+    from minidist.plan.published import ROWS
+    model = Model(126, 16384, 128, 128256, 8192, 2048, ffn_hidden=53248, kv_heads=8, swiglu=True)
+    base = dict(chunks=8, zero=LLAMA3_FSDP_ZERO, sequence_parallel=True, precision="megatron",
+                flash_attention=True)
+    cl, d = make_cluster("h100-sxm", gpus), gpus // 128
+    every = estimate(model, cl, Layout(8, 16, d, 1, **base))
+    grouped = estimate(model, cl, Layout(8, 16, d, 1, accumulate=16, **base))
+    m = 2048 // d
+    assert every.bytes_sent["dp"] > grouped.bytes_sent["dp"]
+    rs = every.bytes_sent["dp"] - grouped.bytes_sent["dp"]     # (m - m/16) reduce-scatters' bytes
+    ag = grouped.bytes_sent["dp"] - rs * (m // 16) / (m - m // 16)
+    assert ag > 0 and every.bytes_sent["dp"] == pytest.approx(ag + rs * m / (m - m // 16), rel=1e-12)
+    psi = grouped.memory["weights"] / 2                           # bf16 weights, whole
+    assert grouped.memory["grads"] == pytest.approx(every.memory["grads"] + accumulator_bytes(psi, 8),
+                                                    rel=1e-12)
+    assert accumulator_bytes(psi, 8) == pytest.approx(4 * psi / 8, rel=1e-12)
+    assert grouped.dp_s <= every.dp_s
+    row = next(r for r in ROWS if r.label == f"405B on {gpus}")
+    assert row.layout == Layout(8, 16, d, 1, accumulate=16, **base)
+    assert not grouped.fits and grouped.memory["activations"] > (72e9 if gpus == 8192 else 62e9)
+
+
+def test_accumulate_needs_zero2_and_a_divisor():
+    model = Model(8, 64, 4, 100, 16, 32)
+    cl = make_cluster("h100-sxm", 8)
+    assert "ZeRO 2" in legal(model, cl, Layout(1, 2, 4, 1, zero=1, accumulate=2))
+    assert "ZeRO 2" in legal(model, cl, Layout(1, 2, 4, 1, zero=2, accumulate=3))
+    assert legal(model, cl, Layout(1, 2, 4, 1, zero=2, accumulate=4)) is None

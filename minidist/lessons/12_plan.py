@@ -34,6 +34,7 @@ from minidist.lessons.harness import say
 from minidist.parallel import schedules
 from minidist.plan import choose as choosing
 from minidist.plan import cluster as clusters
+from minidist.plan.cluster import ranks_per_node
 from minidist.plan import collectives, cost, layout, memory, pipeline, published, search, traffic
 
 GB = 1e9                          # the papers' GB
@@ -169,11 +170,14 @@ def why_tp_8(model, cluster):
     across = search.search(model, cluster, top=1, tp=16)
     if not in_node or not across:
         return None
-    a_in, bw_in = cluster.link(8)
-    a_x, bw_x = cluster.link(16)
+    gpn = cluster.gpus_per_node
+    a_in, bw_in = cluster.link(8, ranks_per_node(1, 8, gpn))
+    a_x, bw_x = cluster.link(16, ranks_per_node(1, 16, gpn))
     say(f"3. Why TP stays at 8: its all-reduces of b s h, 4 per layer and micro-batch, run on the link "
-        f"the\n   group spans: NVLink {bw_in / GB:.0f} GB/s per GPU inside a node, the network's "
-        f"{bw_x / GB:.0f} GB/s per GPU\n   when the group spans two nodes (TP 16)")
+        f"the\n   group spans: NVLink, {bw_in / GB:.0f} GB/s per GPU inside a node; across two nodes "
+        f"(TP 16) the node's {gpn}\n   NICs together, {bw_x / GB:.0f} GB/s a GPU (one ring per NIC, "
+        f"as NCCL lays them), and each message step\n   pays the network's latency, "
+        f"{a_x * 1e6:.0f} us against NVLink's {a_in * 1e6:.0f} us")
     harness.table(layout_rows(in_node + across), HEADER, indent="   ")
     e8, e16 = in_node[0], across[0]
     say(f"   On the same GPUs, TP 16 leaves each GPU the same FLOPs (dp halves), but its collectives "
@@ -211,7 +215,7 @@ def costs(model, cluster, est, seed):
         f"{per_layer / 1e6:,.0f} MB per layer ({lay.recompute} recompute, Korthikanti et al.) =\n   "
         f"{gb(float(flight) * layers * per_layer)} of activations, beside "
         f"{gb(sum(v for k, v in est.memory.items() if k != 'activations'))} of states")
-    alpha, bw = cluster.link(t * d)
+    alpha, bw = cluster.link(t * d, ranks_per_node(t, d, cluster.gpus_per_node))   # dp ranks t apart
     sent = est.bytes_sent["dp"]
     ring = sent / bw                                  # the bandwidth term of the rings' time
     what = ("one ring all-reduce of the gradients", "a reduce-scatter of the gradients and an all-gather "

@@ -10,13 +10,14 @@
     python -m minidist.plan --gpus 8192 --gpu h100-sxm --tp 8 --pp 16 --layers 126 \
         --hidden 16384 --heads 128 --kv-heads 8 --ffn-hidden 53248 --vocab 128256 \
         --swiglu --seq 8192 --global-batch 2048 --only --explain
-    python -m minidist.plan --gpus 8192 --gpu h100-sxm --tp 8 --pp 16 --chunks 8 --zero 1 \
+    python -m minidist.plan --gpus 8192 --gpu h100-sxm --tp 8 --pp 16 --chunks 8 --zero 2 \
+        --accumulate 16 \
         --sequence-parallel --flash-attention --layers 126 --hidden 16384 --heads 128 \
         --kv-heads 8 --ffn-hidden 53248 --vocab 128256 --swiglu --seq 8192 --global-batch 2048 \
         --only
         (Llama 3 405B's layout as plan.published models it: Grattafiori et al. 2024, Table 4)
     python -m minidist.plan --gpus 16384 --gpu h100-sxm --tp 8 --pp 16 --cp 16 --chunks 8 \
-        --zero 1 --sequence-parallel --flash-attention --layers 126 --hidden 16384 \
+        --zero 2 --accumulate 16 --sequence-parallel --flash-attention --layers 126 --hidden 16384 \
         --heads 128 --kv-heads 8 --ffn-hidden 53248 --vocab 128256 --swiglu --seq 131072 \
         --global-batch 128 --only
         (its 128K stage: context parallelism 16, all-gather of K and V, DP 8)
@@ -118,6 +119,13 @@ def build_parser():
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism on (or --no-...: off); else both searched")
     p.add_argument("--recompute", choices=RECOMPUTE, help="recomputation (held; else all three searched)")
+    p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="TP's messages hidden behind the layer's GEMMs, Megatron-LM's flag (needs "
+                        "SP; or --no-...: off); else both searched where SP is on")
+    p.add_argument("--gemm-shapes", action="store_true",
+                   help="time each GEMM at its shape's efficiency (tiles, waves; plan.gemm)")
+    p.add_argument("--link-efficiency", action="store_true",
+                   help="links at Calculon's achieved fractions (NVLink 0.6, network 0.9)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
                    help="ZeRO stage over the DP group (held; else 0-3 searched)")
     for name, helptext in (("layers", "layers L"), ("hidden", "hidden size h"), ("heads", "heads a"),
@@ -131,12 +139,27 @@ def build_parser():
     p.add_argument("--swiglu", action="store_true", help="Llama's three-matrix MLP")
     p.add_argument("--flash-attention", action="store_true",
                    help="no s x s attention scores kept or written (Dao et al. 2022)")
+    p.add_argument("--accumulate", type=_whole,
+                   help="with --only and ZeRO 2: micro-batches whose gradients are accumulated in "
+                        "fp32 before each reduce-scatter (Llama 3's FSDP: 16; else 1)")
+    p.add_argument("--experts", type=_whole, help="experts per MoE layer (mixture of experts; "
+                   "plan.experts)")
+    p.add_argument("--top-k", type=_whole, default=2, help="experts each token is routed to (2)")
+    p.add_argument("--ep", type=_whole, help="expert-parallel size, inside the DP group (held; "
+                   "else every divisor of the experts and dp x cp)")
+    p.add_argument("--expert-ffn", type=_whole, help="an expert's MLP width (the MLP's)")
+    p.add_argument("--moe-every", type=_whole, default=1, help="one MoE layer every N layers (1)")
+    p.add_argument("--capacity-factor", type=float,
+                   help="each expert takes at most this x its even share of tokens (padded); "
+                        "else dropless")
     p.add_argument("--only", action="store_true",
                    help="exactly one layout: needs --tp and --pp; what is not given takes its "
                         "plain default (micro-batch 1, 1 chunk, ZeRO 0, no SP, no recomputation)")
     p.add_argument("--json", action="store_true", help='print {"layouts": [...], "warnings": [...]}')
     p.add_argument("--explain", action="store_true", help="the arithmetic of the first layout")
     p.add_argument("--top", type=_whole, default=5, help="layouts to print (5)")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG: step time against memory per GPU "
+                   "of every layout estimated, the fastest that fit (Pareto front) drawn as a line")
     return p
 
 
@@ -171,7 +194,8 @@ def row(i, e, cp=False):
     rc = {"selective": "sel"}.get(lay.recompute, lay.recompute) if cp else lay.recompute
     return (f"{i:>2} {lay.tp:>3}" + (f"{lay.cp:>3}" if cp else "")
             + f"{lay.pp:>4}{lay.dp:>5}{lay.micro_batch:>3}{lay.chunks:>3}{lay.zero:>3}"
-            f" {'y' if lay.sequence_parallel else 'n':>2} {rc:<{5 if cp else 9}}{e.step_time_s:>8.2f}"
+            f" {('yo' if lay.tp_comm_overlap else 'y') if lay.sequence_parallel else 'n':>2}"
+            f" {rc:<{5 if cp else 9}}{e.step_time_s:>8.2f}"
             f"{e.compute_s:>8.2f}{e.tp_s:>6.2f}" + (f"{e.cp_s:>6.2f}" if cp else "")
             + f"{e.bubble_s:>7.2f}{e.pp_s:>5.2f}{e.dp_s:>6.2f}"
             f"{100 * e.mfu:>6.1f}{_gb(e.memory_bytes_per_gpu):>7} {'yes' if e.fits else 'NO'}")
@@ -193,7 +217,7 @@ HEADER_CP = ((" # {:>3}{:>3}{:>4}{:>5}{:>3}{:>3}{:>3} {:>2} {:<5}{:>8}{:>8}{:>6}
 def held(args):
     """The layout fields the user gave: {name: value}, what the search holds."""
     names = ("tp", "pp", "micro_batch", "chunks", "zero", "sequence_parallel", "recompute",
-             "first_stage_layers", "last_stage_layers")
+             "first_stage_layers", "last_stage_layers", "tp_comm_overlap")
     out = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     return out | ({"cp": args.cp} if args.cp > 1 else {})
 
@@ -236,7 +260,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     model = make_model(args, p)
     try:
-        cluster = make_cluster(args.gpu, args.gpus, args.gpus_per_node)
+        cluster = make_cluster(args.gpu, args.gpus, args.gpus_per_node,
+                               link_efficiency=args.link_efficiency, gemm_shapes=args.gemm_shapes)
     except ValueError as err:
         p.error(str(err))
     cp = args.cp
@@ -256,13 +281,21 @@ def main(argv=None):
         what = "x".join(n for n, v in (("tp", args.tp), ("pp", args.pp), ("cp", cp > 1)) if v)
         p.error(f"{what.replace('x', ' x ')} = {size} does not divide the {args.gpus} GPUs")
     fixed = held(args)
+    if args.experts:                        # mixture of experts: plan.experts' layering
+        from minidist.plan.experts import cli
+        return cli(args, model, cluster, fixed, p)
+    if args.ep:
+        p.error("--ep needs --experts")
+    if args.accumulate and not args.only:
+        p.error("--accumulate is held only in one layout: give --only (with --zero 2)")
     if args.only:
         if not (args.tp and args.pp):
             p.error("--only needs --tp and --pp (one layout names both)")
         lay = Layout(args.tp, args.pp, args.gpus // size, args.micro_batch or 1, args.chunks or 1,
                      args.zero or 0, bool(args.sequence_parallel), args.recompute or "none",
                      flash_attention=args.flash_attention, cp=cp, cp_variant=args.cp_variant,
-                     first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
+                     first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers,
+                     tp_comm_overlap=bool(args.tp_comm_overlap), accumulate=args.accumulate)
         why = legal(model, cluster, lay)
         if why:
             p.error(why)
@@ -287,6 +320,14 @@ def main(argv=None):
                     f"{args.gpu} has {cluster.gpu.memory_bytes / GB:.0f} GB")
     warnings = [w for w in (bubble_bound(ests),) if w]
     searched = len(ests)
+    if args.plot:
+        from minidist.plan import plot      # stdlib only; loaded when a picture is asked for
+        try:
+            plot.write(args.plot, ests, cluster.gpu.memory_bytes,
+                       f"{model.params() / 1e9:.1f}B parameters on {args.gpus:,} x {args.gpu}: "
+                       f"{searched:,} layout{'s' * (searched > 1)}")
+        except OSError as err:
+            p.error(f"--plot {args.plot}: cannot write it ({err.strerror or err})")
     ests = ests[:args.top]
     if args.json:
         print(json.dumps({"model": {**model.__dict__, "params": model.params()},
@@ -312,10 +353,10 @@ def main(argv=None):
         print(*notes, sep="\n")
     if cp > 1:
         print(f"seconds per step: comp(ute) incl. elementwise, exposed TP, exposed CP ({args.cp_variant}),"
-              "\nbubble, PP, DP; memory on the fullest GPU; rc: recompute")
+              "\nbubble, PP, DP; memory on the fullest GPU; rc: recompute; sp yo: with --tp-comm-overlap")
     else:
         print("seconds per step: comp(ute) incl. elementwise, exposed TP, bubble, PP, DP; memory on "
-              "the fullest GPU")
+              "the fullest GPU\nsp yo: sequence parallel with --tp-comm-overlap")
     for w in warnings:
         print(textwrap.fill(w, 100, subsequent_indent="  "))
     if args.explain:

@@ -8,7 +8,11 @@ only how the parts add up to a step, which is this project's model of a Megatron
 
   step = compute + exposed TP + exposed CP + bubble + exposed PP + exposed DP + optimizer step
   compute  m micro-batches on the busiest stage: its matrix products' hardware FLOPs at
-           peak x matmul_efficiency (cluster.py), plus its elementwise kernels (layer
+           peak x matmul_efficiency (cluster.py), each layer GEMM and the logits' at its own
+           shape on one TP rank (plan.gemm: b s/cp tokens x h x h/t ..., forward and both
+           gradients; with Cluster.gemm_shapes, each at its tiles' and waves' efficiency,
+           else at the rate alone), the attention scores at the rate; plus its elementwise
+           kernels (layer
            norms, softmax, dropout, GELU, residual adds), which are bound by HBM: each
            pass over a layer reads and writes about what the layer saves for backward
            (Korthikanti et al.'s count, plan.memory), so 2 x those bytes / HBM bandwidth
@@ -51,7 +55,12 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            under sequence parallelism 4 all-gathers + 4 reduce-scatters + the 2
            all-gathers Megatron repeats in backward), the embedding's (first stage), the
            head's and the loss's (last stage); on NVLink when t fits in a node; exposed
-           (Megatron does not overlap them in these runs)
+           (Megatron does not overlap them in the published runs). Layout.tp_comm_overlap
+           (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers; needs SP): a
+           layer's messages c run beside its GEMMs g, which lose TP_OVERLAP_SM_SHARE u of
+           the GPU meanwhile (Calculon's NVLink "processor_usage" 0.15; TE's pipelined
+           overlap takes 16-24 of 132 SMs): the layer takes max(c, g + u c), so
+           max(c - g, u c) shows (this project's model); the ends' messages stay exposed
   bubble   (p-1)/v of one micro-batch's time on a mean stage (fill and drain cross every
            stage): the 1F1B and interleaved bubbles of plan.pipeline (Narayanan et al.
            2021, section 2.2). Stages of unequal layers (Layout.first_stage_layers,
@@ -64,16 +73,22 @@ the link's bandwidth: the ring alpha-beta times of plan.collectives.
            (Narayanan et al.'s scatter/gather, 4.1); the loss's broadcast and the tied
            embedding's sum between the end stages (GPT) on the link that spans them
   DP       the gradients' ring all-reduce (ZeRO: reduce-scatter + all-gather; stage 3 by
-           units, one per layer) over the group's link (with CP, the dp x cp ranks), in the buckets of
+           units, one per layer) over the group's link (with CP, the dp x cp ranks; across
+           nodes the node's NICs shared by the groups crossing at once, Cluster.link: a
+           group of k GPUs per node moves at k NICs' bandwidth), in the buckets of
            Layout.bucket_bytes; under 1F1B it overlaps only the last micro-batch's
            backward, the rest is exposed; ZeRO 1-2's weight all-gather after the step
            hides behind the next step's first forward (Megatron's --overlap-param-gather),
            ZeRO 3's gathers and reduce-scatters behind each micro-batch's compute.
+           ZeRO 2 with Layout.accumulate = k (Llama 3's FSDP, plan.memory) reduce-scatters
+           every k micro-batches, m/k times, each behind k backwards, and holds one
+           chunk's whole fp32 gradient meanwhile (plan.memory.accumulator_bytes).
   optimizer Adam over this GPU's share of the state, bound by HBM: it reads the K bytes
            of state and the g of gradient and writes the state and the w of weights,
            (2K + g + w) bytes per parameter (this project's count).
 Not modelled: data loading, the all-gather over NVLink that completes the pipeline's
-scatter/gather, the clipping norm's 8 bytes, stragglers, failures; with CP, the exchange
+scatter/gather, the clipping norm's 8 bytes, stragglers, failures; DP and PP crossing nodes
+in the same moment (each phase's NIC sharing is counted alone: Cluster.link); with CP, the exchange
 a recomputed forward repeats and the transient buffers of one layer's exchange (all-gather:
 K, V of the whole sequence, 2 b s kv hd/t values).
 
@@ -96,15 +111,22 @@ one GPU sends (plan.step_bytes counts by its rank in each group).
 from dataclasses import dataclass, field
 
 from minidist.plan import flops as F
+from minidist.plan import gemm as G
 from minidist.plan import step_bytes as SB
+from minidist.plan.cluster import ranks_per_node
 from minidist.plan.layout import Layout, Model, layout_stages, legal
-from minidist.plan.memory import (ACCOUNTING, korthikanti_layer_bytes, layer_activation_bytes,
-                                  model_state_bytes)
+from minidist.plan.memory import (ACCOUNTING, accumulator_bytes, korthikanti_layer_bytes,
+                                  layer_activation_bytes, model_state_bytes)
 from minidist.plan.pipeline import bubble_fraction, live_chunks
+from minidist.plan.traffic import tp_sent
 
 ACT_BYTES = 2              # 16-bit activations (bf16/fp16)
 LOGIT_BYTES = 6            # a logit in 16 bits plus its fp32 copy for the loss (this project's count)
 USABLE_MEMORY = 0.9        # fits: at most 90% of HBM (CUDA context, NCCL buffers, fragmentation)
+TP_OVERLAP_SM_SHARE = 0.15  # the GEMMs' loss while TP messages overlap them: Calculon's
+                           # "processor_usage" of its NVLink network (systems/a100_80g.json);
+                           # Transformer Engine's userbuffers give a pipelined overlap 16-24 of
+                           # H100's 132 SMs (Megatron/NeMo's ub configs' num_sm), 12-18%
 
 
 @dataclass
@@ -142,6 +164,8 @@ class Estimate:
                 "chunks": lay.chunks, "zero": lay.zero, "sequence_parallel": lay.sequence_parallel,
                 "recompute": lay.recompute, "precision": lay.precision,
                 "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
+                "accumulate": lay.accumulate,
+                "tp_comm_overlap": lay.tp_comm_overlap,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s, "tp_s": self.tp_s,
                 "cp_s": self.cp_s,
                 "pp_s": self.pp_s, "dp_s": self.dp_s, "bubble_s": self.bubble_s,
@@ -185,8 +209,14 @@ def estimate(model, cluster, layout):
     fwd = F.layer_flops(b, s, h, **shape) / cp           # this rank's 1/cp (load-balanced)
     attn = F.attention_score_flops(b, s, h) / cp
     again = {"none": 0, "selective": attn, "full": fwd}[lay.recompute]
-    layer_matmul = (3 * fwd + again) / rate
-    logits = 3 * F.logit_flops(b, n, h, V) / rate
+    # the layer's GEMMs at their shapes on one TP rank (plan.gemm: tiles, waves, bytes),
+    # forward, input and weight gradients; the attention scores at the matmul rate
+    gemms, shaped = G.layer_gemms(model, b * n, t), cluster.gemm_shapes
+    linear = sum(G.training_seconds(M, N, K, g, shaped) for _, M, N, K in gemms)
+    linear_fwd = sum(G.gemm_seconds(M, N, K, g, shaped) for _, M, N, K in gemms)
+    layer_matmul = linear + (3 * attn + again - (fwd - attn if lay.recompute == "full" else 0)) / rate
+    layer_matmul += linear_fwd if lay.recompute == "full" else 0.0
+    logits = G.training_seconds(*G.logit_gemm(model, b * n, t)[1:], g, shaped)
     scores = 5 * a * n * s * b / t                       # the n x s arrays in that count
     saved = korthikanti_layer_bytes(n, b, h, a, t, lay.sequence_parallel) - 5 * a * n * n * b / t
     saved += 0 if lay.flash_attention else scores
@@ -208,24 +238,37 @@ def estimate(model, cluster, layout):
     span = t * cp * d                                     # ranks of one pipeline stage
     cross = p > 1 and span >= cluster.gpus_per_node         # pipeline neighbours in other nodes
     sent = {i: SB.rank_sent(model, lay, layers[i], i, scatter_gather=cross) for i in kinds}
-    tp_link = cluster.link(t)
+    gpn = cluster.gpus_per_node
+    tp_link = cluster.link(t, ranks_per_node(1, t, gpn))
     tp_step = {i: SB.seconds(sent[i]["tp"], t, *tp_link) for i in kinds}
+    # --tp-comm-overlap: one layer's TP messages per micro-batch (c) run beside its GEMMs (g),
+    # which lose TP_OVERLAP_SM_SHARE (u) of the GPU meanwhile: the layer takes max(c, g + u c),
+    # so max(c - g, u c) shows beyond g (this project's model of Megatron-LM/TE's overlap)
+    tp_hidden = 0.0
+    if lay.tp_comm_overlap and t > 1:
+        one = tp_sent(b, n, h, 1, t, 0, ACCOUNTING[lay.precision][0], 1, False, False, True, True, 0,
+                      False, int(lay.recompute == "full"))
+        c = SB.seconds({k: v for k, v in one.items() if v[1]}, t, *tp_link)
+        tp_hidden = c - max(c - linear - (linear_fwd if lay.recompute == "full" else 0.0),
+                            TP_OVERLAP_SM_SHARE * c)
     # CP: one layer's exchange per micro-batch on the tp x cp span; the ring's hides
     # behind that layer's attention (forward + backward) as a causal kernel computes it,
     # s (s+1)/2 of the s x s scores (docstring); the others' are exposed
     causal = attn * (s + 1) / (2 * s)
-    cp_layer = SB.seconds(sent[0].get("cp", {}), cp, *cluster.link(t * cp)) / (layers[0] * m)
+    cp_link = cluster.link(t * cp, ranks_per_node(t, cp, gpn))
+    cp_layer = SB.seconds(sent[0].get("cp", {}), cp, *cp_link) / (layers[0] * m)
     cp_hidden = 3 * causal / rate if lay.cp_variant == "ring" else 0.0
     cp_exposed = max(0.0, cp_layer - cp_hidden)
 
     def stage_time(i):
         extra = logits if i == p - 1 else 0.0
-        return layers[i] * (layer_matmul + layer_elem) + extra, tp_step[i] / m + layers[i] * cp_exposed
+        tp_mb_i = tp_step[i] / m - layers[i] * tp_hidden
+        return layers[i] * (layer_matmul + layer_elem) + extra, tp_mb_i + layers[i] * cp_exposed
 
     times = {i: stage_time(i) for i in kinds}
     busiest = max(kinds, key=lambda i: sum(times[i]))
     comp_mb = times[busiest][0]
-    tp_mb, cp_mb = tp_step[busiest] / m, layers[busiest] * cp_exposed
+    tp_mb, cp_mb = times[busiest][1] - layers[busiest] * cp_exposed, layers[busiest] * cp_exposed
     elem_mb = layers[busiest] * layer_elem
     mine = sent[busiest]
     note("TP per micro-batch", "busiest stage's TP: calls x steps x alpha + bytes/bw (s)", tp_mb)
@@ -244,7 +287,7 @@ def estimate(model, cluster, layout):
     if p > 1:
         frac = bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v)
         kind = {0: 0, p - 1: p - 1}
-        tp_mean = sum(tp_step[kind.get(i, 1)] for i in range(p)) / (p * m)
+        tp_mean = sum(tp_step[kind.get(i, 1)] for i in range(p)) / (p * m) - L * tp_hidden / p
         mean_mb = (L * (layer_matmul + layer_elem + cp_exposed) + logits) / p + tp_mean   # fill, drain cross all
         bubble_s = float(frac / (1 - frac)) * m * mean_mb
         alpha, bw = cluster.link(span + 1)               # neighbours are t cp d ranks apart
@@ -262,7 +305,7 @@ def estimate(model, cluster, layout):
     w_item, g_item, _ = ACCOUNTING[lay.precision]
     dp_s, dc = 0.0, d * cp                               # Megatron reduces over dp x cp
     if dc > 1:
-        dp_link = cluster.link(span)
+        dp_link = cluster.link(span, ranks_per_node(t, dc, gpn))   # dp x cp ranks, t apart
 
         def dp_time(*names):
             return SB.seconds({k: c for k, c in mine["dp"].items() if k in names}, dc, *dp_link)
@@ -276,12 +319,13 @@ def estimate(model, cluster, layout):
             dp_s = max(0.0, dp_time("all_reduce") - bwd)
         elif lay.zero == 1:
             dp_s = max(0.0, rs - bwd) + max(0.0, ag - first_fwd)
-        elif lay.zero == 2:                        # reduced after every micro-batch's backward
-            dp_s = m * max(0.0, rs / m - bwd) + max(0.0, ag - first_fwd)
+        elif lay.zero == 2:                        # reduced after every k micro-batches' backward
+            k = lay.accumulate or 1                # (k > 1: Llama 3's, accumulated locally in fp32)
+            dp_s = m // k * max(0.0, rs * k / m - k * bwd) + max(0.0, ag - first_fwd)
         else:                                      # gathered for forward and backward, each micro-batch
             dp_s = m * max(0.0, (ag + rs) / m - comp_mb)
     note("exposed DP", ("all-reduce less the last backward (s)", "RS less last backward + AG less a "
-                        "forward (s)", "m x (RS less a backward) + AG less a forward (s)",
+                        "forward (s)", "m/k x (RS less k backwards) + AG less a forward (s)",
                         "m x (2 gathers + RS less a micro-batch) (s)")[lay.zero], dp_s)
 
     # -- the optimizer step: Adam reads and writes its state, bound by HBM
@@ -304,6 +348,8 @@ def estimate(model, cluster, layout):
 
     def stage_memory(i):
         states = model_state_bytes(params_stage[i], dc, lay.zero, lay.precision)
+        if lay.zero == 2 and (lay.accumulate or 1) > 1:      # one chunk's whole fp32 accumulator
+            states["grads"] += accumulator_bytes(params_stage[i], v, lay.precision)
         # micro-batches in flight on stage i (plan.pipeline.live_chunks, Megatron's warm-up)
         flight = live_chunks("interleaved" if v > 1 else "1f1b", p, m, v, i) / v
         mem = dict(states, activations=flight * layers[i] * keep + work)

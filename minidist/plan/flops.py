@@ -12,9 +12,11 @@ Backward costs twice the forward (the input's gradient and the weight's), so the
 FLOPs are 3x the forward. Full recomputation runs every layer's forward once more (the
 logits are not recomputed); selective recomputation reruns the attention scores only
 (Korthikanti et al. 2022, arXiv 2205.05198, section 5). With GPT's shapes (f = 4h, GELU,
-a_kv = a) these give Narayanan et al.'s formulas:
+a_kv = a) these give the two papers' closed forms:
     model FLOPs                       72 B s L h^2 (1 + s/(6h) + V/(12 L h))
+        (Korthikanti et al. 2022's model FLOPs, the count behind their MFU, Table 5)
     hardware FLOPs, full recompute    96 B s L h^2 (1 + s/(6h) + V/(16 L h))
+        (Narayanan et al. 2021, section 5.1: the FLOPs their runs executed, recomputation in)
 Elementwise work (softmax, layer norms, GELU) is not counted, as in both papers.
 
 Per token (PaLM, Chowdhery et al. 2022, arXiv 2204.02311, appendix B): 6N + 12 L H Q T.

@@ -111,6 +111,12 @@ class Layout:
     cp_variant: str = "allgather"     # ring, ulysses or allgather (Llama 3's)
     first_stage_layers: int = None    # layers on the first / last pipeline stage (None: the
     last_stage_layers: int = None     # default split, stage_layers); the others share the rest
+    accumulate: int = None            # ZeRO 2: micro-batches whose gradients a rank accumulates
+                                      # locally (fp32) before each reduce-scatter; None or 1: every
+                                      # micro-batch (this engine). Llama 3's FSDP: the N contiguous
+                                      # micro-batches of its schedule (plan.memory.LLAMA3_FSDP_ZERO)
+    tp_comm_overlap: bool = False     # TP's all-gathers / reduce-scatters hidden behind the layer's
+                                      # GEMMs (Megatron-LM --tp-comm-overlap; needs SP; cost.py)
 
     @property
     def gpus(self):
@@ -198,6 +204,12 @@ def legal(model, cluster, layout):
         return f"precision must be one of {', '.join(ACCOUNTING)}"
     if layout.sequence_parallel and t == 1:
         return "sequence parallelism needs tp > 1"
+    if layout.tp_comm_overlap and not layout.sequence_parallel:
+        return "--tp-comm-overlap needs sequence parallelism"
+    k = layout.accumulate
+    if k is not None and (layout.zero != 2 or k < 1 or m % k):
+        return (f"accumulating {k} micro-batches before a reduce-scatter needs ZeRO 2 and a divisor "
+                f"of the {m} micro-batches")
     if layout.bucket_bytes is not None and layout.bucket_bytes < 0:
         return f"bucket bytes must be None (one buffer), 0 (per parameter) or more, not {layout.bucket_bytes}"
     return None

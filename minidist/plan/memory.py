@@ -216,12 +216,49 @@ backward): whole 16-bit weights of the GPU's stage, w Psi, and fp32 gradients an
 optimizer's fp32 master, m and v cut over the data-parallel ranks, (g + K) Psi/N_d, with
 ACCOUNTING["megatron"] (2, 4, 12): model_state_bytes(psi, n_d, LLAMA3_FSDP_ZERO, "megatron").
 
-This project's reading, not the paper's words: gradients sharded through the step means
-each micro-batch's gradient is reduce-scattered and accumulated into the fp32 shard (as
-ZeRO-2 does; FSDP's no_sync() would keep whole gradients, which the paper's "shards ...
-gradients" rules out); the one FSDP unit's whole gradient before its reduce-scatter, and
-the sharded weights' 16-bit copy outside computation, are transients not counted.
+When the gradients are reduce-scattered is this project's reading, not the paper's words.
+The paper names two things: FP32 gradient accumulation "over multiple micro-batches", and
+gradients sharded. Two readings keep one and drop the other: accumulate the whole
+gradient over every micro-batch, one reduce-scatter per step (Megatron's distributed
+optimizer, ZeRO 1: a whole fp32 gradient, 4 Psi, the step through: 12.8 GB per GPU of the
+405B rows, which then need 94.9 GB at 8,192 GPUs); or reduce-scatter every micro-batch
+(ZeRO 2 as this engine runs it: 32 and 16 reduce-scatters of the fp32 gradient per step,
+which the cost model times mostly exposed). The reading kept here satisfies both, with
+the schedule the paper describes beside it: its pipeline runs N contiguous micro-batches
+through one model chunk (Figure 6; N = PP, depth-first, is Megatron-LM's
+--microbatch-group-size-per-virtual-pipeline-stage default), so a rank accumulates a
+chunk's gradient locally in fp32 over those N backward passes, then reduce-scatters it
+once into its fp32 shard and frees it: M/N reduce-scatters per step (Layout.accumulate =
+N), and, beside the sharded states, the whole fp32 gradient of one chunk at a time,
+accumulator_bytes. Transients not counted: the bucket in flight, the sharded weights'
+16-bit copy outside computation.
+
+What that does to the 405B rows (plan.published; pp 16, 8 chunks of one layer, TP 8 with
+sequence parallelism, micro-batch 1): on the fullest GPU, the second stage's (8 layers),
+6.4 GB of whole bf16 weights, 0.2 / 0.1 GB of sharded fp32 gradients, 0.6 / 0.3 GB of
+Adam state, 1.6 GB for one layer's fp32 accumulator, and activations of 141 (8,192 GPUs,
+M 32) or 128 (16,384 GPUs, M 16: every micro-batch) layer-micro-batches of 533 MB each:
+75.2 / 68.2 GB. Totals 83.9 / 76.6 GB against the planner's 72 GB (90% of 80 GB):
+activations alone exceed it at 8,192 GPUs. Of the 533 MB, SwiGLU's three f-wide tensors
+are 327 MB (6 s b f / t, what Megatron-LM's fused SwiGLU keeps). The paper's other memory
+measures change nothing in this count: its lighter end stages are already the layout, the
+deallocated "input and output tensors of each pipeline stage" are buffers this count
+never held (a stage's received input is counted once, as its first norm's input), and N
+is no help: N = PP holds least (Megatron-LM requires N >= PP; a larger N holds more).
+The paper does not give V, N or what its kernels keep; that it ran without activation
+checkpointing says its per-layer count was lower than Korthikanti's convention gives for
+this shape: by 16% to fit in 72 GB at 8,192 GPUs (63.2 GB of room for 75.2), by 7% at
+16,384 (63.6 for 68.2).
 """
+
+
+def accumulator_bytes(psi_stage, chunks=1, accounting="megatron"):
+    """Bytes of the whole gradient of one model chunk (psi_stage / chunks parameters) in the
+    gradients' itemsize: what a ZeRO-2 rank holds while it accumulates that chunk's gradient
+    locally over several micro-batches before one reduce-scatter (LLAMA3_FSDP_ZERO's
+    reading; Layout.accumulate). 405B's 8 layers per GPU at TP 8, 8 chunks: 1.6 GB."""
+    g = ACCOUNTING[accounting][1] if isinstance(accounting, str) else accounting[1]
+    return g * psi_stage / chunks
 
 
 # ---------------------------------------------------------------------- activations, this engine

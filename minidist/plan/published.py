@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from minidist.plan.cluster import GPUS, make_cluster, with_efficiency
 from minidist.plan.cost import estimate
 from minidist.plan.layout import Layout, Model
+from minidist.plan.memory import LLAMA3_FSDP_ZERO
 
 A100, H100 = "a100-80gb", "h100-sxm"
 K_SRC = "Korthikanti et al. 2022, Table 5"
@@ -86,10 +87,11 @@ K_NOTE = "micro-batch and interleaving from Calculon's inputs, not confirmed in 
 N_NOTE = ("micro-batch 1 and no interleaving assumed: Table 1 gives neither; also today's Megatron "
           "assumed: 2-byte gradients, their reduction overlapped with the last backward")
 L_NOTE = ("micro-batch 1, 8 chunks per rank (one layer each), SP and flash attention assumed; DP is "
-          "FSDP, which shards gradients and optimizer state (their section 3.3.2), modelled here as "
-          "Megatron's distributed optimizer (ZeRO-1, whole fp32 gradients): our mapping, which overstates "
-          "memory; GPT's activation count (34sbh) used for the SwiGLU/GQA shape; attention FLOPs counted for "
-          "the whole s x s (Meta does not say)")
+          "FSDP as section 3.3.2 describes it, plan.memory.LLAMA3_FSDP_ZERO: weights kept after forward, "
+          "fp32 gradients and optimizer state sharded (ZeRO 2), each chunk's gradient accumulated in fp32 "
+          "over the schedule's N contiguous micro-batches (N = PP = 16 assumed: the paper does not give "
+          "it) and reduce-scattered once per N; activations by the model's shape (plan.memory); "
+          "attention FLOPs counted for the whole s x s (Meta does not say)")
 L128_NOTE = ("the 128K stage: the 8K rows' assumptions, plus CP 16 as Llama 3's all-gather of K and V "
              "(their section 3.3.2: exposed but small next to attention; modelled exposed) over 16 nodes; "
              "Table 4 prints DP 4, inconsistent with its own 16,384 GPUs (8 x 16 x 16 x 4 = 8,192) and 16M "
@@ -150,13 +152,14 @@ def _narayanan():
 def _llama3():
     shape = Model(126, 16384, 128, 128256, 8192, 2048, ffn_hidden=53248, kv_heads=8, swiglu=True)
     rows = [Row(L_SRC, f"405B on {n}", shape, H100, n,
-                Layout(8, 16, n // 128, 1, chunks=8, zero=1, sequence_parallel=True,
-                       precision="megatron", flash_attention=True), mfu, "mfu", L_NOTE)
+                Layout(8, 16, n // 128, 1, chunks=8, zero=LLAMA3_FSDP_ZERO, sequence_parallel=True,
+                       precision="megatron", flash_attention=True, accumulate=16), mfu, "mfu", L_NOTE)
             for n, mfu in ((8192, 0.43), (16384, 0.41))]
     long = Model(126, 16384, 128, 128256, 131072, 128, ffn_hidden=53248, kv_heads=8, swiglu=True)
     rows.append(Row(L_SRC, "405B 128K on 16384", long, H100, 16384,
-                    Layout(8, 16, 8, 1, chunks=8, zero=1, sequence_parallel=True, precision="megatron",
-                           flash_attention=True, cp=16, cp_variant="allgather"), 0.38, "mfu", L128_NOTE))
+                    Layout(8, 16, 8, 1, chunks=8, zero=LLAMA3_FSDP_ZERO, sequence_parallel=True,
+                           precision="megatron", flash_attention=True, cp=16, cp_variant="allgather",
+                           accumulate=16), 0.38, "mfu", L128_NOTE))
     return rows
 
 

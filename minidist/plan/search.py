@@ -9,7 +9,8 @@ stage_splits lists them (evenly where pp divides them, else the end stages light
 Llama 3's 126 layers on 16 stages: 7, 8, ..., 8, 7); dp = GPUs / (tp pp cp) divides the
 global batch with the micro-batch (1, 2, 4, 8); ZeRO stages 0-3 (only 0 when dp x cp = 1);
 sequence parallelism on and off when tp > 1; recomputation none, selective or full;
-interleaving with 1, 2, 4 or 8 chunks where legal (layout.legal). Any of these can be fixed
+interleaving with 1, 2, 4 or 8 chunks where legal (layout.legal); TP communication overlap
+(Megatron-LM's --tp-comm-overlap) on and off where SP is on. Any of these can be fixed
 (held at the value given while the others range). Context parallelism is not searched: cp
 (and its variant) is held at what the caller gives, 1 by default (this project's choice:
 CP pays only at long sequences, and a planner that tried it everywhere would multiply the
@@ -64,7 +65,8 @@ def stage_splits(L, p, first=None, last=None):
 
 def layouts(model, cluster, tp=None, pp=None, micro_batch=None, chunks=None, zero=None,
             sequence_parallel=None, recompute=None, precision="megatron", flash_attention=False,
-            cp=1, cp_variant="allgather", first_stage_layers=None, last_stage_layers=None):
+            cp=1, cp_variant="allgather", first_stage_layers=None, last_stage_layers=None,
+            tp_comm_overlap=None):
     """Legal Layouts, the given fields fixed (None: searched) and the others ranging over the
     space above."""
     n = cluster.gpus // cp if cluster.gpus % cp == 0 else 0     # GPUs left for tp x pp x dp
@@ -77,16 +79,17 @@ def layouts(model, cluster, tp=None, pp=None, micro_batch=None, chunks=None, zer
         if n % (t * p):
             continue
         d = n // (t * p)
-        for (f, l), b, v, z, sp, rc in product(
+        for (f, l), b, v, z, sp, rc, ov in product(
                 stage_splits(model.layers, p, first_stage_layers, last_stage_layers),
                 [micro_batch] if micro_batch else MICRO_BATCHES,
                 [chunks] if chunks else CHUNKS,
                 [zero] if zero is not None else ((0, 1, 2, 3) if d * cp > 1 else (0,)),
                 [sequence_parallel] if sequence_parallel is not None
                 else ((False, True) if t > 1 else (False,)),
-                [recompute] if recompute else RECOMPUTE):
+                [recompute] if recompute else RECOMPUTE,
+                [tp_comm_overlap] if tp_comm_overlap is not None else (False, True)):
             lay = Layout(t, p, d, b, v, z, sp, rc, precision, flash_attention, cp=cp, cp_variant=cp_variant,
-                         first_stage_layers=f, last_stage_layers=l)
+                         first_stage_layers=f, last_stage_layers=l, tp_comm_overlap=ov)
             if legal(model, cluster, lay) is None:
                 yield lay
 

@@ -220,7 +220,8 @@ def rank_sent(model, layout, layers, pp_rank=0, tp_rank=0, dp_rank=0, scatter_ga
                 groups = _buckets(sizes, w_item, layout.bucket_bytes, psi)
             else:                                       # the ends (root unit), then each layer
                 groups = [ends_n] + [layer_n] * layers
-            out["dp"] = _zero_rows(layout.zero, groups, d, dp_rank, m, g_item, w_item)
+            k = (layout.accumulate or 1) if layout.zero == 2 else 1   # reduce-scatters: m / k
+            out["dp"] = _zero_rows(layout.zero, groups, d, dp_rank, m // k, g_item, w_item)
     return {g: {k: c for k, c in row.items() if c[1]} for g, row in out.items()}
 
 

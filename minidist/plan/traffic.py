@@ -144,6 +144,14 @@ def moe_sent(rows_out, rows_in, h, itemsize):
     return 2 * (rows_out + rows_in) * h * itemsize
 
 
+def moe_padded_sent(n_expert, capacity, h, ep, itemsize):
+    """Bytes a rank sends in ONE all-to-all of the padded (E, capacity, h) buffer (GShard;
+    DeepSpeed-MoE; Megatron-Core's --moe-pad-expert-input-to-capacity): the (ep-1)/ep of
+    it bound for other ranks' experts, (ep-1)/ep x E x capacity x h x itemsize, whatever
+    the routing. Four per MoE layer per step (dispatch and combine, forward and backward)."""
+    return (ep - 1) * (n_expert // ep) * capacity * h * itemsize
+
+
 def pp_sent(stages, n_virtual, batch_rows, s, h, itemsize):
     """Bytes rank sends point-to-point in one pipeline step: b s h per micro-batch (rows b
     of `batch_rows`) per boundary, forward from each of its virtual `stages` that is not
@@ -188,3 +196,18 @@ def parallel_3d_sent(b, s, h, m, itemsize, tp, pp, dp, layers, first=True, last=
     if clip:
         out["clip"]["all_reduce"] = clip_sent([tp, pp])
     return {g: {k: v for k, v in row.items() if v} for g, row in out.items()}
+
+
+def onebit_adam_sent(n, n_d, rank, itemsize):
+    """Bytes `rank` sends in one compressed step of 1-bit Adam (Tang et al. 2021; DeepSpeed's
+    compressed_allreduce) over n momentum values: the flat vector cut into n_d chunks
+    (numpy.array_split's sizes), chunk j's message = one scale (itemsize bytes) + its signs
+    packed 8 per byte, ceil(c_j / 8). Phase 1 (all-to-all) sends every chunk but the rank's
+    own, phase 2 (ring all-gather of the servers' chunks) every one but its right
+    neighbour's: about 2 (n_d-1)/n_d x (n/8 + itemsize), 1/32 of fp32's 2 (n_d-1)/n_d x 4n."""
+    from minidist.plan.collectives import chunk_bounds
+    if n_d == 1:
+        return 0
+    b = chunk_bounds(n, n_d)
+    msg = [itemsize + -(-(b[j + 1] - b[j]) // 8) for j in range(n_d)]
+    return 2 * sum(msg) - msg[rank] - msg[(rank + 1) % n_d]
