@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -307,8 +308,10 @@ def main(args):
     check_input(args, cfg, world)
     data = common.load_dataset(args, comm)
     root = make_root(comm, args)
-    if not args.dir:                  # a temporary folder goes whatever way the run ends
-        signal.signal(signal.SIGTERM, _interrupted)
+    # a temporary folder goes whatever way the run ends; only a main thread may set a handler
+    # (the grader runs lessons in a worker thread), and the caller's is put back at the end
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupted) if not args.dir and main_thread else None
     done = False
     try:
         code = lesson(comm, args, cfg, data, root)
@@ -317,6 +320,8 @@ def main(args):
     finally:     # normal end: rank 0, after the others; any other end: every rank, at once (the
         if not args.dir and (comm.Get_rank() == 0 or not done):    # first to abort ends them all)
             shutil.rmtree(root, ignore_errors=True)               # (SIGKILL alone leaves it)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def lesson(comm, args, cfg, data, root):
