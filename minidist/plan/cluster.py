@@ -11,6 +11,10 @@ Peaks are the dense 16-bit (bf16/fp16) tensor-core figures, never the sparse one
   H200 (SXM)     989 TFLOP/s, 141 GB HBM3e at 4.8 TB/s   (NVIDIA H200 datasheet; the same
                  Hopper tensor cores as H100 SXM, "1,979 TFLOPS*" with sparsity)
 
+Memory is what nvidia-smi reports as a GPU's total, the datasheets' "80 GB" and "141 GB"
+being round names: A100 80GB 81,920 MiB (85.9e9 bytes), H100 80GB HBM3 81,559 MiB
+(85.5e9), H200 143,771 MiB (150.8e9); a layout fits in 90% of it (cost.USABLE_MEMORY).
+
 Links, bytes per second per GPU in one direction (the ring's bottleneck):
   NVLink 3 (A100)  600 GB/s bidirectional -> 300 GB/s each way (A100 datasheet)
   NVLink 4 (H100, H200)  900 GB/s bidirectional -> 450 GB/s each way (H100 datasheet)
@@ -33,6 +37,7 @@ HBM bandwidth times the elementwise kernels' bytes gives their time (cost.py).
 from dataclasses import dataclass, replace
 
 GB = 1e9
+MIB = 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,13 @@ NVLINK_EFFICIENCY = 0.6
 NETWORK_EFFICIENCY = 0.9
 
 GPUS = {
-    "a100-80gb": GPU("a100-80gb", 312e12, 80 * GB, 2039 * GB, A100_EFFICIENCY, 300 * GB, 25 * GB,
+    "a100-80gb": GPU("a100-80gb", 312e12, 81920 * MIB, 2039 * GB, A100_EFFICIENCY, 300 * GB, 25 * GB,
                      "NVIDIA A100 datasheet: 312 TFLOP/s dense BF16, 80 GB, 2,039 GB/s, NVLink 600 GB/s",
                      108, NVLINK_EFFICIENCY, NETWORK_EFFICIENCY),
-    "h100-sxm": GPU("h100-sxm", 989e12, 80 * GB, 3350 * GB, H100_EFFICIENCY, 450 * GB, 50 * GB,
+    "h100-sxm": GPU("h100-sxm", 989e12, 81559 * MIB, 3350 * GB, H100_EFFICIENCY, 450 * GB, 50 * GB,
                     "NVIDIA H100 datasheet: 989 TFLOP/s dense BF16 (SXM), 80 GB, 3.35 TB/s, NVLink 900 GB/s",
                     132, NVLINK_EFFICIENCY, NETWORK_EFFICIENCY),
-    "h200": GPU("h200", 989e12, 141 * GB, 4800 * GB, H100_EFFICIENCY, 450 * GB, 50 * GB,
+    "h200": GPU("h200", 989e12, 143771 * MIB, 4800 * GB, H100_EFFICIENCY, 450 * GB, 50 * GB,
                 "NVIDIA H200 datasheet: 989 TFLOP/s dense BF16, 141 GB, 4.8 TB/s, NVLink 900 GB/s",
                 132, NVLINK_EFFICIENCY, NETWORK_EFFICIENCY),
 }

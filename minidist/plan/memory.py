@@ -238,17 +238,18 @@ sequence parallelism, micro-batch 1): on the fullest GPU, the second stage's (8 
 6.4 GB of whole bf16 weights, 0.2 / 0.1 GB of sharded fp32 gradients, 0.6 / 0.3 GB of
 Adam state, 1.6 GB for one layer's fp32 accumulator, and activations of 141 (8,192 GPUs,
 M 32) or 128 (16,384 GPUs, M 16: every micro-batch) layer-micro-batches of 533 MB each:
-75.2 / 68.2 GB. Totals 83.9 / 76.6 GB against the planner's 72 GB (90% of 80 GB):
-activations alone exceed it at 8,192 GPUs. Of the 533 MB, SwiGLU's three f-wide tensors
+75.2 / 68.2 GB. Totals 83.9 / 76.6 GB against the planner's 77.0 GB (90% of the H100's
+85.5e9 bytes, nvidia-smi's 81,559 MiB): the 16,384-GPU rows fit, with 0.4 GB to spare; the
+8,192-GPU row does not (its 32 micro-batches fill the interleaved warm-up, 141 layer-micro-
+batches, where 16 end it at 128). Of the 533 MB, SwiGLU's three f-wide tensors
 are 327 MB (6 s b f / t, what Megatron-LM's fused SwiGLU keeps). The paper's other memory
 measures change nothing in this count: its lighter end stages are already the layout, the
 deallocated "input and output tensors of each pipeline stage" are buffers this count
 never held (a stage's received input is counted once, as its first norm's input), and N
 is no help: N = PP holds least (Megatron-LM requires N >= PP; a larger N holds more).
-The paper does not give V, N or what its kernels keep; that it ran without activation
-checkpointing says its per-layer count was lower than Korthikanti's convention gives for
-this shape: by 16% to fit in 72 GB at 8,192 GPUs (63.2 GB of room for 75.2), by 7% at
-16,384 (63.6 for 68.2).
+The paper does not give V, N or what its kernels keep; that it ran at 8,192 GPUs without
+activation checkpointing says its per-layer count there was at least 9% lower than
+Korthikanti's convention gives for this shape (68.2 GB of room for 75.2).
 """
 
 
