@@ -345,9 +345,11 @@ def published_runs():
     say(textwrap.fill(
         "The goals are the cost model's, not this lesson's arithmetic: a goal not met is printed, "
         "not failed (the verdict below is the lesson's own checks). Where rows miss, their split "
-        "(--json) shows the term to suspect: the planner exposes FSDP's gathers across nodes that "
-        "the runs hide, and one efficiency per GPU type cannot serve both MT-NLG's 530B and "
-        "Narayanan's run of the same shape (126 against 163 TFLOP/s per GPU).", 96,
+        "(--json) shows the term to suspect. What is left is mostly compute: one efficiency per GPU "
+        "type cannot serve both MT-NLG's 530B and Narayanan's run of the same shape (126 against "
+        "163 TFLOP/s per GPU), nor MosaicML's 13B (predicted 17-19% fast) beside its 30B and 70B "
+        "(up to 17% slow); the GEMM-shape and link-efficiency terms, tried, made the held-out "
+        "error worse (docs/reference.md, The planner) and stay options.", 96,
         initial_indent="   ", subsequent_indent="   ") + "\n")
     result["goals"] = {"held_out": held_ok, "in_sample": in_ok}
     return result

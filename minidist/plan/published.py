@@ -76,7 +76,7 @@ B_NOTE = ("bigscience-workshop/bigscience train/tr11-176B-ml: tr11-176B-ml.slurm
 M_NOTE = ("scripts/train/benchmarking/README.md, tables 'H100 80GB BF16' and 'A100 80GB with 1600 "
           "Gbps node-node interconnect (RoCE)', column 'Throughput (T/s/GPU)' (tokens per second per "
           "GPU: no FLOP convention); the rows at sequence 2048 of the models of 7B and more (the "
-          "smaller ones need a matmul efficiency by GEMM shape, not modelled yet); shapes from "
+          "smaller ones would need the GEMM-shape term, plan.gemm, off by default); shapes from "
           "scripts/train/yamls/pretrain/mpt-{7b,13b,30b,70b}.yaml (d_model, n_heads, n_layers, "
           "expansion ratio 4, vocabulary 50,368), matching the table's NumParams; FSDP FULL_SHARD "
           "modelled as ZeRO-3 over all the GPUs, with the table's micro-batch, gradient "

@@ -226,7 +226,9 @@ def _values_match(report):
 SMALL = ("--n-layer", "2", "--n-embd", "32", "--block-size", "16", "--steps", "2")
 # 9.1: both sides of lesson 09 route with your function, so this run proves it works inside
 # the model (shapes, dtypes, every call); the unit check above is what holds it to the rule.
-ROUTE_RUNS = (Run("09_moe", SMALL, ranks=1),)
+# Under --drop-policy probs your capacity rule decides the drops too (position, the lesson's
+# default, asks route only for each token's top k).
+ROUTE_RUNS = (Run("09_moe", SMALL + ("--drop-policy", "probs"), ranks=1),)
 # 9.2: expert parallelism on every graded rank moves the tokens with your all-to-all; one
 # process (no all-to-all) is the reference.
 A2A_RUNS = (Run("09_moe", SMALL, judge=_values_match),)
