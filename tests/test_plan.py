@@ -126,6 +126,8 @@ def test_dp_reduce_overlaps_only_the_last_backward():
     (LLAMA + ["--cp", "8", "--cp-variant", "ulysses"], "Ulysses cp 8 does not divide"),
     (["--params", "7e9", "--gpus", "16", "--tp", "8", "--pp", "1", "--only", "--tp-comm-overlap"],
      "--tp-comm-overlap needs sequence parallelism"),
+    (["--params", "7e9", "--gpus", "64", "--tp-comm-overlap", "--no-sequence-parallel"],
+     "--tp-comm-overlap needs SP: drop --no-sequence-parallel"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
     with pytest.raises(SystemExit) as err:

@@ -98,11 +98,12 @@ def model_states():
     usable = cost.USABLE_MEMORY * h200.memory_bytes
     need = next((n for n in range(1, 1 << 14) if sum(memory.model_state_bytes(SEED_PSI, n, 3).values()) <= usable),
                 None)
-    say(f"  One H200 holds {gb(h200.memory_bytes)}: the states are {total / h200.memory_bytes:.1f}x that; "
-        f"the 16-bit weights alone\n  ({gb(zero['weights'])}) leave "
-        f"{gb(h200.memory_bytes - zero['weights'])}. Cut by ZeRO-3 over n GPUs (16 x 70e9 / n), they fit "
-        f"in\n  {cost.USABLE_MEMORY:.0%} of an H200 ({gb(usable)}) "
-        + (f"from n = {need}, before a single activation.\n" if need else "for NO n up to 16,384.\n"))
+    say(f"  One H200 holds {gb(h200.memory_bytes)} (nvidia-smi's {h200.memory_bytes / 2 ** 20:,.0f} MiB; "
+        f"the datasheet's \"141 GB\" is a round\n  name): the states are {total / h200.memory_bytes:.1f}x "
+        f"that; the 16-bit weights alone ({gb(zero['weights'])}) leave {gb(h200.memory_bytes - zero['weights'])}."
+        f"\n  Cut by ZeRO-3 over n GPUs (16 x 70e9 / n), they fit in {cost.USABLE_MEMORY:.0%} of an H200 "
+        f"({gb(usable)}) "
+        + (f"from n = {need},\n  before a single activation.\n" if need else "for NO n up to 16,384.\n"))
     return {"psi": SEED_PSI, "zero": zero, "megatron": mega, "llama2_70b_params": real.params(),
             "h200_bytes": h200.memory_bytes, "zero3_h200s_needed": need}
 

@@ -288,6 +288,8 @@ def main(argv=None):
         p.error("--ep needs --experts")
     if args.accumulate and not args.only:
         p.error("--accumulate is held only in one layout: give --only (with --zero 2)")
+    if args.tp_comm_overlap and args.sequence_parallel is False:
+        p.error("--tp-comm-overlap needs SP: drop --no-sequence-parallel")   # Megatron-LM's rule
     if args.only:
         if not (args.tp and args.pp):
             p.error("--only needs --tp and --pp (one layout names both)")
