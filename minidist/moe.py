@@ -18,9 +18,11 @@ tokens of one group (GShard's and Switch's "group": the unit capacity is counted
   top2gating: locations2 += sum(mask1)): every token's first choice in token order, then
   every second choice; for top-1 that is Switch's cumulative order. (DeepSpeed's
   top1gating instead keeps a random capacity of the tokens: use_rts, on by default.)
-  "probs": Megatron-Core's --moe-token-drop-policy probs (moe_utils.py,
-  apply_router_token_dropping: a torch.topk over the tokens with no tie order); this
-  project ranks by the router probability for that expert, ties by lower token index.
+  "probs": after Megatron-Core's --moe-token-drop-policy probs (moe_utils.py,
+  apply_router_token_dropping: a torch.topk over the tokens with no tie order, ranking by
+  the renormalised top-k weight by default); this project ranks by the router's softmax
+  probability for that expert (Megatron's ranking with --moe-router-pre-softmax), ties
+  by lower token index.
   A dropped token gets 0 from that expert, so with both choices dropped it passes
   through the block's residual only.
 - load balancing (Switch section 2): alpha * E * sum_i f_i * P_i, f_i the fraction of
@@ -76,7 +78,8 @@ def route(probs, top_k, capacity):
     keep (T, top_k) bool: False where the choice was dropped. Each expert takes at most
         `capacity` choices, counting all k choices of all tokens, keeping the highest
         probabilities for it, ties by the lower token index. capacity None: all True.
-    This is the "probs" drop policy (Megatron-Core's, ranked as this project defines it);
+    This is the "probs" drop policy (after Megatron-Core's; ranked by the softmax
+    probability, as Megatron ranks with --moe-router-pre-softmax, ties as defined here);
     route_by_position is the papers' "position" policy, the default of MoEMLP.
     """
     probs = numpy.asarray(probs)

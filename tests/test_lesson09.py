@@ -1,7 +1,7 @@
 """Lesson 09 (mixture of experts, expert parallelism) runs end to end under mpirun at 2, 3
 and 4 ranks, matches one process routing the same groups, prints the load table and the
 all-to-all bytes equal to their formula, and refuses bad input once on every rank (exit 2,
-one message with a command that works)."""
+one message, and on the next line a command that works; no line wider than 100 columns)."""
 import json
 import os
 import subprocess
@@ -73,15 +73,21 @@ def test_lesson_09_matches_one_process(tmp_path, n, flags, drops):
     (2, ["--experts", "2", "--top-k", "3"], "--top-k 3: this MoE routes each token to 1 expert"),
     (4, ["--capacity-factor", "0"], "--capacity-factor 0: must be above 0"),
     (3, ["--capacity-factor", "-1.5"], "--capacity-factor -1.5: must be above 0"),
-    (3, ["--ep", "2"], "--ep 2: the expert-parallel groups are carved out of the 3"),
+    (3, ["--ep", "2"], "--ep 2 must divide the 3 ranks: the expert-parallel groups"),
+    (2, ["--experts", "1", "--top-k", "2", "--ep", "1"], "--top-k 2 is more than the 1 experts"),
+    (2, ["--moe-every", "3"], "--moe-every 3 with 2 layers makes no block an MoE block"),
     (4, ["--batch-size", "10"], "--batch-size 10 does not divide among 4 ranks"),
-    (2, ["--pad-to-capacity", "--capacity-factor", "none"], "--pad-to-capacity pads each expert's rows"),
+    (2, ["--pad-to-capacity", "--capacity-factor", "none"], "--pad-to-capacity needs a capacity"),
 ])
 def test_bad_input_is_refused_once_with_exit_2(n, flags, message):
     proc = mpirun(n, flags)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.count(message) == 1, proc.stderr
     assert proc.stderr.count("error") == 1 and "this works: mpirun -n" in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith(("error: ", "  this works: "))]
+    assert [line.split(":")[0] for line in said] == ["error", "  this works"], proc.stderr   # one each
+    wide = [line for line in said if len(line) > 100]
+    assert not wide, "lines wider than 100 columns:\n" + "\n".join(wide)
     assert "Traceback" not in proc.stderr and "Lesson" not in proc.stdout
 
 

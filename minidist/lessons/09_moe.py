@@ -56,7 +56,8 @@ def capacity_factor(text):
 
 def check_input(args, cfg, world):
     """Every rank finds the same answer: bad input ends the job with one message, exit 2,
-    and a command that works (every flag that cannot work changed at once). Returns (ep, E)."""
+    and on the next line a command that works (every flag that cannot work changed at once).
+    Returns (ep, E)."""
     ep = args.ep or world
     cf, k = args.capacity_factor, args.top_k
     fix, ep_ok = {}, world % ep == 0                    # the flags to change, and to what
@@ -73,22 +74,24 @@ def check_input(args, cfg, world):
         fix["--moe-every"] = cfg.n_layer
     if args.batch_size % world:
         fix["--batch-size"] = -(-args.batch_size // world) * world
-    works = f"; this works: {harness.command_with(world, fix)}"
-    harness.need(ep_ok, f"--ep {args.ep}: the expert-parallel groups are carved out of the {world} data-parallel "
-                        f"ranks, so their size must divide {world}" + works)
-    harness.need("--experts" not in fix, f"--experts {args.experts} does not split evenly over the {ep} ranks of "
-                                         f"an expert-parallel group (each holds E/ep experts)" + works)
-    harness.need(k in (1, 2), f"--top-k {k}: this MoE routes each token to 1 expert (Switch) or 2 (GShard)" + works)
-    harness.need(k <= experts, f"--top-k {k} is more than the {experts} experts: a token cannot pick more "
-                               f"experts than there are" + works)
-    harness.need(cf is not None or not args.pad_to_capacity, "--pad-to-capacity pads each expert's rows to its "
-                 "capacity: --capacity-factor none (dropless) has none" + works)
-    harness.need("--capacity-factor" not in fix, f"--capacity-factor {cf if cf is None else f'{cf:g}'}: must be "
-                                                 f"above 0 (1.0 to 1.25 as in Switch), or none for dropless" + works)
+    works = f"\n  this works: {harness.command_with(world, fix)}"   # its own line: 100 columns
+    harness.need(ep_ok, f"--ep {args.ep} must divide the {world} ranks: the expert-parallel groups are "
+                        f"carved out of them" + works)
+    harness.need("--experts" not in fix, f"--experts {args.experts} does not split evenly over the {ep} "
+                                         f"ranks of an expert-parallel group" + works)
+    harness.need(k in (1, 2), f"--top-k {k}: this MoE routes each token to 1 expert (Switch) or 2 (GShard)"
+                 + works)
+    harness.need(k <= experts, f"--top-k {k} is more than the {experts} experts: a token picks k "
+                               f"different ones" + works)
+    harness.need(cf is not None or not args.pad_to_capacity,
+                 "--pad-to-capacity needs a capacity; --capacity-factor none (dropless) has none"
+                 + works)
+    harness.need("--capacity-factor" not in fix, f"--capacity-factor {cf if cf is None else f'{cf:g}'}: must "
+                                                 f"be above 0 (1.0 to 1.25 as in Switch), or none" + works)
     harness.need("--moe-every" not in fix, f"--moe-every {args.moe_every} with {cfg.n_layer} layers makes no "
                                            f"block an MoE block" + works)
-    harness.need("--batch-size" not in fix, f"--batch-size {args.batch_size} does not divide among {world} ranks "
-                                            f"(each rank's rows are one routing group)" + works)
+    harness.need("--batch-size" not in fix, f"--batch-size {args.batch_size} does not divide among {world} "
+                                            f"ranks (each rank's rows are one routing group)" + works)
     return ep, experts
 
 
@@ -202,11 +205,13 @@ def main(args):
                                 f"{cfg.capacity_factor:g}) = {cap} choices per expert and group"
                                 if cap is not None else "none: dropless, every choice kept"))
     if cap is not None:
+        probs = ("probs, after Megatron-Core's --moe-token-drop-policy probs: each expert keeps\n"
+                 "        its most probable choices, ties to the lower token index; ranked here by the\n"
+                 "        router's softmax probability (Megatron's ranking with --moe-router-pre-softmax;\n"
+                 "        by default Megatron ranks by the renormalised top-k weight)")
         say("        drop policy " + ("position: GShard's order, every first choice in token order, then every\n"
                                      "        second choice (Switch's cumulative order for top-1)"
-                                     if args.drop_policy == "position" else
-                                     "probs: each expert keeps its highest router probabilities, ties to the\n"
-                                     "        lower token index (Megatron-Core's --moe-token-drop-policy probs)"))
+                                     if args.drop_policy == "position" else probs))
     say("        all-to-all " + ("padded: every expert's rows padded to the capacity, a fixed (E, capacity, C)"
                                  if args.pad_to_capacity else "variable size: the kept rows only"))
     say(f"        balance loss alpha {cfg.moe_alpha:g} x E x sum f_i P_i, z-loss {cfg.moe_z:g}")
@@ -283,8 +288,9 @@ def main(args):
         f"2 x (rows out + rows in) x C x {item} B, rows out = my tokens'\n"
         f"kept choices for other ranks' experts, rows in = theirs for mine")
     if padded is not None:
-        say(f"Padded (sent here): 4 x (N-1)/N x E x capacity x C x {item} B per block = 4 x {ep - 1}/{ep} x {E} "
-            f"x {cap} x {cfg.n_embd} x {item}\n  x {nb} = {padded:,} B, whatever the routing")
+        say(f"Padded (sent here): 4 x (N-1)/N x E x capacity x C x {item} B per MoE block, whatever the\n"
+            f"routing: 4 x {ep - 1}/{ep} x {E} x {cap} x {cfg.n_embd} x {item} B x {nb} MoE "
+            f"block{'s' * (nb > 1)} = {padded:,} B per rank and step")
     table = []
     for s in range(args.steps):
         for r in range(world):
@@ -293,7 +299,7 @@ def main(args):
             var = [] if padded is None else [f"{all_form[r][s]:,}"]
             table.append([s, r, o, n_in, *var, f"{m:,}", f"{f:,}", "equal" if m == f else "DIFFERS"])
     harness.table(table, header=["step", "rank", "rows out", "rows in", *(["variable B"] if padded else []),
-                                 "measured B", "padded B" if padded else "formula B", ""])
+                                 "measured B", "padded B" if padded else "formula B", "check"])
     variable_total = max(sum(f) for f in all_form)
     if padded is not None:
         all_form = [[padded] * args.steps for _ in range(world)]
@@ -305,8 +311,9 @@ def main(args):
     if padded is not None and variable_total:
         say(f"  the variable-size dispatch would have sent {variable_total:,} B: padding costs "
             f"{meas_total / variable_total:.2f}x")
-    say(f"  uniform routing would send about 4 k (N-1)/N x {group} tokens x C x {item} B = "
-        f"{fmt_bytes(moe_bytes(group, cfg.top_k, cfg.n_embd, ep, item) * len(moe_blocks))} per rank and step")
+    say(f"  uniform routing would send about 4 k (N-1)/N x {group} tokens x C x {item} B per MoE block,\n"
+        f"  x {nb} MoE block{'s' * (nb > 1)} = "
+        f"{fmt_bytes(moe_bytes(group, cfg.top_k, cfg.n_embd, ep, item) * nb)} per rank and step")
 
     # --- parameters and FLOPs per token
     total, active, router, one = parameter_counts(ref_model, cfg)
@@ -374,7 +381,8 @@ def build_parser():
     g.add_argument("--z-loss", type=harness.nonnegative_float, default=0.0, help="router z-loss coefficient (0)")
     g.add_argument("--drop-policy", choices=DROP_POLICIES, default="position",
                    help="which choices an expert over capacity drops: position (GShard's order, the "
-                        "default) or probs (the lowest probabilities, Megatron-Core's)")
+                        "default) or probs (the lowest softmax probabilities; after Megatron-Core's "
+                        "--moe-token-drop-policy probs, ranked as with --moe-router-pre-softmax)")
     g.add_argument("--pad-to-capacity", action="store_true",
                    help="send every expert's rows padded to the capacity (GShard, DeepSpeed-MoE): "
                         "fixed bytes")

@@ -1,9 +1,9 @@
 """Checks for lessons/exercises/07_3d_parallel.py: the 3D rank coordinates.
 
 The unit checks are serial (every rank of the job runs them alike). Every factorisation
-tp x pp x dp of every world size from 1 to 24 (and the seed's 1024 = 8 x 8 x 16), every
-rank: the coordinates must be in range, turn back into the rank, and put tp fastest;
-every group must hold the ranks that share all coordinates but its own, in that
+tp x pp x dp of every world size from 1 to 24 (and 1024 = 8 x 8 x 16, lesson 07's worked
+example), every rank: the coordinates must be in range, turn back into the rank, and put tp
+fastest; every group must hold the ranks that share all coordinates but its own, in that
 coordinate's order. Coordinates and members are integers (Python's or NumPy's), not
 floats such as 2.0; coordinates are a tuple (or list), a group a list (or tuple): not a
 set, not a generator. After all the calls, every result returned earlier must still be
