@@ -83,3 +83,49 @@ def test_search_over_ep_holds_what_is_given_and_the_cli_says_why_not():
         with pytest.raises(SystemExit) as exit_:
             main(base + bad)
         assert exit_.value.code == 2
+
+
+def test_expert_tp_equal_to_tp_is_the_coupled_mapping():
+    """etp = tp (cp 1) is Megatron's coupled mapping: the same estimate as etp None."""
+    lay = Layout(2, 2, 8, 1, zero=1, sequence_parallel=True, flash_attention=True)
+    cl = make_cluster("h100-sxm", 32)
+    a = estimate_moe(MIXTRAL, MIXTRAL_8X7B_EXPERTS, cl, lay, 8)
+    b = estimate_moe(MIXTRAL, MIXTRAL_8X7B_EXPERTS, cl, lay, 8, etp=2)
+    assert b.step_time_s == a.step_time_s and b.memory_bytes_per_gpu == a.memory_bytes_per_gpu
+    assert b.expert_tp_s == 0
+
+
+def test_folded_expert_tp_1_by_hand():
+    """MoE Parallel Folding, TP 2 with expert TP 1, EP 8 on 16 GPUs: the EP group spans 8
+    ranks (NVLink) where the coupled one spans 16 (two nodes); each GPU holds one whole
+    expert per layer, its optimizer state sharded over edp = 2 x 8 / 8 = 2; the MLP half of
+    each MoE layer's TP messages (3 all-gathers, 2 reduce-scatters of b s h / 2 each) is
+    gone from the step."""
+    lay = Layout(2, 1, 8, 1, zero=1, sequence_parallel=True, flash_attention=True)
+    cl = make_cluster("h100-sxm", 16)
+    coupled = estimate_moe(MIXTRAL, MIXTRAL_8X7B_EXPERTS, cl, lay, 8)
+    folded = estimate_moe(MIXTRAL, MIXTRAL_8X7B_EXPERTS, cl, lay, 8, etp=1)
+    m, calls = 256 // 8, 4 * 32 * 7                    # micro-batches; all-to-all calls x steps
+    a2a = all_to_all_bytes(MIXTRAL, MIXTRAL_8X7B_EXPERTS, lay, 8, 32)
+    alpha, bw = cl.link(8)
+    assert folded.all_to_all_s == pytest.approx(m * calls * alpha + a2a / bw, rel=1e-12)
+    assert cl.link(16)[1] < bw and coupled.all_to_all_s > folded.all_to_all_s
+    p_e = 3 * 4096 * 14336
+    st = expert_state_bytes(MIXTRAL, MIXTRAL_8X7B_EXPERTS, lay, 8, 32, etp=1)
+    dense = -32 * 2 * p_e / 2                          # the top-2 dense equivalent, cut over tp 2
+    assert st["weights"] == pytest.approx(2 * (32 * p_e + dense), rel=1e-12)
+    assert st["optimizer"] == pytest.approx(12 * (32 * p_e / 2 + dense / 8), rel=1e-12)
+    t_alpha, t_bw = cl.link(2)
+    half = 5 * t_alpha + 5 * (4096 * 4096 / 2 * 2) / t_bw   # (t-1)/t of b s h bf16 per call
+    assert folded.expert_tp_s == pytest.approx(-m * 32 * half, rel=1e-12)
+    assert folded.step_time_s == pytest.approx(folded.dense.step_time_s + folded.all_to_all_s
+                                               + folded.expert_dp_s + folded.expert_tp_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("lay,ep,etp,word", [
+    (Layout(2, 1, 8, 1, sequence_parallel=True), 8, 4, "etp x ep"),
+    (Layout(2, 1, 8, 1), 8, 1, "sequence parallelism"),
+    (Layout(1, 1, 8, 1), 1, 3, "etp x ep"),
+])
+def test_illegal_expert_tp_says_why(lay, ep, etp, word):
+    assert word in legal_moe(MIXTRAL, MIXTRAL_8X7B_EXPERTS, lay, ep, etp)

@@ -19,35 +19,58 @@ et al. 2020, section 2.2; Mixtral: E 8, top_k 2, every layer). What the planner 
               Expert tensors are cut over tp too (Megatron-LM's --expert-tensor-parallel-size
               defaults to the tensor-parallel size) and their gradients reduced over the
               dp x cp / ep ranks holding the same experts (the expert-data-parallel group).
+  expert TP (etp)  MoE Parallel Folding (Liu et al. 2025, arXiv 2504.14960; Megatron-LM's
+              --expert-tensor-parallel-size): the experts get their own tensor-parallel
+              size, their ranks ordered etp-ep-edp-pp over the same tp x cp x dp ranks of
+              a stage, so an EP group spans etp x ep consecutive ranks (ETP 1, EP 8: one
+              node, where TP 2 x EP 8 would cross two) and each expert's gradients are
+              reduced over the edp = tp cp dp / (etp ep) ranks holding it. etp=None keeps
+              the coupled mapping above (expert TP = TP). The experts' FLOPs per GPU do
+              not change (a rank computes full-width experts for its own b s / (cp tp)
+              tokens instead of a 1/tp slice for the TP group's), so the dense
+              equivalent's compute stands; what changes is the MLP half of each MoE
+              layer's TP messages (sequence parallelism: 2 all-gathers, 2 reduce-scatters
+              and a repeated all-gather of a layer's 4 + 4 + 2; plan.traffic.tp_sent):
+              they run over etp ranks instead of tp, none at etp 1, and are exposed whole
+              (this project's choice: --tp-comm-overlap is taken to cover the attention's,
+              not the dispatcher's gathers); expert_tp_seconds is that difference, never
+              taking more than the dense TP time off. The bubble keeps the dense
+              equivalent's TP time (this project's simplification). Megatron-LM's README
+              (megatron/core/transformer/moe/README.md, "MoE Parallel Folding") describes
+              the two rank generators.
   all-to-all  per MoE layer and micro-batch, 4 all-to-alls (dispatch, combine; forward,
               backward) of the (ep-1)/ep of a rank's routed rows that leave it:
               plan.traffic.moe_bytes, the count this engine's expert parallelism sends
               under even routing (plan.traffic.moe_sent, tests/mpi), times c under a
               capacity factor. A rank routes its b s / cp tokens, / t of them under
               sequence parallelism (each TP rank dispatches its own slice: this project's
-              count). Timed as ring steps (ep - 1 per call) x alpha + bytes / bandwidth on
-              the EP group's link, exposed whole (this project's choice: no overlap with
-              compute, which Megatron-LM's --overlap-moe-expert-parallel-comm can add).
+              count; with folding, each rank of the attention's TP group too). Timed as
+              ring steps (ep - 1 per call) x alpha + bytes / bandwidth on the EP group's
+              link, exposed whole (this project's choice: no overlap with compute, which
+              Megatron-LM's --overlap-moe-expert-parallel-comm can add).
 
-estimate_moe(model, experts, cluster, layout, ep) is this layering: the dense estimate of the
-same model with the MLP width that does the experts' work (top_k f_e x c in an MoE layer,
-averaged over the layers: the active FLOPs, the routed tokens' activations), plus the
-exposed all-to-all, plus what the experts a GPU holds add beyond the dense equivalent's
-MLPs (either sign): their model states, sharded by ZeRO over the expert-data-parallel
-group, and their ZeRO traffic over it (expert_dp_seconds: the difference timed whole on
-the data-parallel link, never taking more than the dense DP time off; this project's
-choice). search_moe runs plan.search's layouts of the dense equivalent with every legal
-ep. Not modelled: load imbalance beyond the capacity factor, grouped-GEMM efficiency,
-the all-to-all's share of the pipeline bubble.
+estimate_moe(model, experts, cluster, layout, ep, etp=None) is this layering: the dense
+estimate of the same model with the MLP width that does the experts' work (top_k f_e x c
+in an MoE layer, averaged over the layers: the active FLOPs, the routed tokens'
+activations), plus the exposed all-to-all and the expert-TP difference, plus what the
+experts a GPU holds add beyond the dense equivalent's MLPs (either sign): their model
+states, sharded by ZeRO over the expert-data-parallel group, and their ZeRO traffic over
+it (expert_dp_seconds: the difference timed whole on the data-parallel link, never taking
+more than the dense DP time off; this project's choice). search_moe runs plan.search's
+layouts of the dense equivalent with every legal ep (etp coupled). Not modelled: load
+imbalance beyond the capacity factor, grouped-GEMM efficiency and the expert GEMMs' shapes
+under etp (plan.gemm), the all-to-all's share of the pipeline bubble.
 """
 from dataclasses import dataclass, replace
 
-from minidist.plan.cost import USABLE_MEMORY, estimate
+from minidist.plan import gemm as G
+from minidist.plan.cost import TP_OVERLAP_SM_SHARE, USABLE_MEMORY, estimate
 from minidist.plan.flops import layer_flops, step_flops
 from minidist.plan.layout import Layout, layout_stages, legal
 from minidist.plan.memory import ACCOUNTING, model_state_bytes
 from minidist.plan.search import layouts
-from minidist.plan.traffic import moe_bytes
+from minidist.plan.step_bytes import seconds as collective_seconds
+from minidist.plan.traffic import moe_bytes, tp_sent
 
 
 @dataclass(frozen=True)
@@ -92,8 +115,9 @@ def params(model, moe, active=False):
     return model.params() + moe_layers(model, moe) * per
 
 
-def legal_moe(model, moe, layout, ep):
-    """None when the experts and ep fit the layout, else a one-line reason."""
+def legal_moe(model, moe, layout, ep, etp=None):
+    """None when the experts, ep and etp (None: the layout's tp, coupled) fit the layout,
+    else a one-line reason."""
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         return f"top-k {moe.top_k} must be between 1 and the {moe.experts} experts"
     if moe.every < 1 or model.layers % moe.every:
@@ -102,11 +126,21 @@ def legal_moe(model, moe, layout, ep):
         return f"the capacity factor must be positive, not {moe.capacity_factor}"
     if ep < 1 or moe.experts % ep:
         return f"ep {ep} does not divide the {moe.experts} experts"
-    if (layout.dp * layout.cp) % ep:
-        return (f"ep {ep} must divide dp x cp = {layout.dp * layout.cp} (EP lies inside the "
-                "data-parallel group, Megatron-LM's tp-cp-ep-dp-pp order)")
-    if expert_ffn(model, moe) % layout.tp:
-        return f"tp {layout.tp} does not divide the expert width {expert_ffn(model, moe)}"
+    if etp is None:
+        if (layout.dp * layout.cp) % ep:
+            return (f"ep {ep} must divide dp x cp = {layout.dp * layout.cp} (EP lies inside the "
+                    "data-parallel group, Megatron-LM's tp-cp-ep-dp-pp order)")
+        if expert_ffn(model, moe) % layout.tp:
+            return f"tp {layout.tp} does not divide the expert width {expert_ffn(model, moe)}"
+        return None
+    stage = layout.tp * layout.cp * layout.dp
+    if etp < 1 or stage % (etp * ep):
+        return (f"etp x ep = {etp} x {ep} must divide tp x cp x dp = {stage} (MoE Parallel "
+                "Folding: the experts' etp-ep-edp-pp ranks are a stage's)")
+    if expert_ffn(model, moe) % etp:
+        return f"etp {etp} does not divide the expert width {expert_ffn(model, moe)}"
+    if layout.tp > 1 and not layout.sequence_parallel:
+        return "expert TP apart from TP needs sequence parallelism (each TP rank routes its own tokens)"
     return None
 
 
@@ -125,28 +159,36 @@ def all_to_all_bytes(model, moe, layout, ep, layers):
     return m * n_moe * per * (moe.capacity_factor or 1)
 
 
-def all_to_all_seconds(model, moe, cluster, layout, ep, layers):
+def all_to_all_seconds(model, moe, cluster, layout, ep, layers, etp=None):
     """Alpha-beta time of those all-to-alls: 4 calls per MoE layer and micro-batch, ep - 1
-    steps each, on the link of the tp x cp x ep ranks an EP group spans."""
+    steps each, on the link of the tp x cp x ep ranks an EP group spans (folded, etp given:
+    etp x ep)."""
     if ep == 1:
         return 0.0
-    alpha, bw = cluster.link(layout.tp * layout.cp * ep)
+    alpha, bw = cluster.link(layout.tp * layout.cp * ep if etp is None else etp * ep)
     m = model.global_batch // (layout.dp * layout.micro_batch)
     calls = 4 * m * (layers // moe.every)
     return calls * (ep - 1) * alpha + all_to_all_bytes(model, moe, layout, ep, layers) / bw
 
 
-def expert_state_bytes(model, moe, layout, ep, layers):
+def _edp(layout, ep, etp):
+    """The expert-data-parallel group: ranks holding the same experts, tp cp dp / (etp ep)
+    (coupled, etp None: dp cp / ep)."""
+    e = layout.tp if etp is None else etp
+    return layout.tp * layout.cp * layout.dp // (e * ep)
+
+
+def expert_state_bytes(model, moe, layout, ep, layers, etp=None):
     """{"weights", "grads", "optimizer"}: bytes of MLP model states one GPU of a stage of
     `layers` layers holds beyond what the dense equivalent already counts (negative where
-    it holds less): its MoE layers' E/ep experts, cut over tp, sharded by ZeRO over the
-    dp x cp / ep ranks that hold the same experts, and its dense layers' MLPs, less the
-    dense equivalent's MLPs, both sharded over dp x cp."""
+    it holds less): its MoE layers' E/ep experts, cut over etp (None: tp), sharded by ZeRO
+    over the expert-data-parallel ranks that hold the same experts (_edp), and its dense
+    layers' MLPs, less the dense equivalent's MLPs, both cut over tp, sharded over dp x cp."""
     n_moe, t, dc = layers // moe.every, layout.tp, layout.dp * layout.cp
-    experts = n_moe * moe.experts // ep * expert_params(model, moe) / t
+    experts = n_moe * moe.experts // ep * expert_params(model, moe) / (etp or t)
     dense = ((layers - n_moe) * _dense_mlp(model)
              - layers * _dense_mlp(_dense_equivalent(model, moe))) / t
-    a = model_state_bytes(experts, dc // ep, layout.zero, layout.precision)
+    a = model_state_bytes(experts, _edp(layout, ep, etp), layout.zero, layout.precision)
     b = model_state_bytes(dense, dc, layout.zero, layout.precision)
     return {k: a[k] + b[k] for k in a}
 
@@ -174,19 +216,63 @@ def _zero_step_bytes(psi, n, zero, precision, reduces=1):
             3: f * reduces * (g + 2 * w)}[zero]
 
 
-def expert_dp_seconds(model, moe, cluster, layout, ep, layers):
+def expert_dp_seconds(model, moe, cluster, layout, ep, layers, etp=None):
     """Seconds the experts' ZeRO / DP traffic adds (or, negative, saves) against the dense
     equivalent's MLPs on a stage of `layers` layers: _zero_step_bytes of the E/ep experts
-    over dp x cp / ep ranks and the dense layers' MLPs over dp x cp, less the equivalent's
-    MLPs over dp x cp, on the data-parallel link."""
+    (cut over etp, None: tp) over their expert-data-parallel ranks (_edp) and the dense
+    layers' MLPs over dp x cp, less the equivalent's MLPs over dp x cp, on the
+    data-parallel link."""
     n_moe, t, dc = layers // moe.every, layout.tp, layout.dp * layout.cp
     m = model.global_batch // (layout.dp * layout.micro_batch)
     k = {2: m // (layout.accumulate or 1), 3: m}.get(layout.zero, 1)
     z, pr = layout.zero, layout.precision
-    sent = (_zero_step_bytes(n_moe * moe.experts // ep * expert_params(model, moe) / t, dc // ep, z, pr, k)
+    sent = (_zero_step_bytes(n_moe * moe.experts // ep * expert_params(model, moe) / (etp or t),
+                             _edp(layout, ep, etp), z, pr, k)
             + _zero_step_bytes((layers - n_moe) * _dense_mlp(model) / t, dc, z, pr, k)
             - _zero_step_bytes(layers * _dense_mlp(_dense_equivalent(model, moe)) / t, dc, z, pr, k))
     return sent / cluster.link(t * dc)[1]
+
+
+def _mlp_tp_seconds(model, cluster, layout, t):
+    """One MoE layer's MLP-half of its TP messages per micro-batch, over t ranks
+    (plan.traffic.tp_sent of one layer, its calls and bytes halved: the attention and the
+    MLP each send half of a layer's), on the link of t consecutive ranks; 0 at t = 1."""
+    if t == 1:
+        return 0.0
+    n = model.seq // layout.cp
+    one = tp_sent(layout.micro_batch, n, model.hidden, 1, t, 0, ACCOUNTING[layout.precision][0], 1,
+                  False, False, layout.sequence_parallel, True, 0, False,
+                  int(layout.recompute == "full"))
+    half = {k: (c // 2, b / 2) for k, (c, b) in one.items()}
+    return collective_seconds(half, t, *cluster.link(t))
+
+
+def expert_tp_seconds(model, moe, cluster, layout, layers, etp=None):
+    """Seconds per step the expert TP changes against the dense equivalent's TP on a stage
+    of `layers` layers (negative: saves; 0 when etp is None or the tp): per MoE layer and
+    micro-batch, the MLP half over etp ranks, exposed whole, less what the dense estimate
+    charged for both halves over tp beyond the attention half alone (with --tp-comm-overlap
+    cost.py's max(c - g, u c) of a layer's messages c beside its GEMMs g, else c)."""
+    t = layout.tp
+    if etp is None or etp == t:
+        return 0.0
+    half = _mlp_tp_seconds(model, cluster, layout, t)
+    if layout.tp_comm_overlap and t > 1:
+        n = model.seq // layout.cp
+        eq = _dense_equivalent(model, moe)
+        gemms = G.layer_gemms(eq, layout.micro_batch * n, t)
+        g = sum(G.training_seconds(M, N, K, cluster.gpu, cluster.gemm_shapes) for _, M, N, K in gemms)
+        if layout.recompute == "full":                   # cost.py's window: + the rerun forward
+            g += sum(G.gemm_seconds(M, N, K, cluster.gpu, cluster.gemm_shapes) for _, M, N, K in gemms)
+
+        def shown(c):
+            return max(c - g, TP_OVERLAP_SM_SHARE * c)
+    else:
+        def shown(c):
+            return c
+    per = shown(half) + _mlp_tp_seconds(model, cluster, layout, etp) - shown(2 * half)
+    m = model.global_batch // (layout.dp * layout.micro_batch)
+    return m * (layers // moe.every) * per
 
 
 @dataclass
@@ -197,6 +283,8 @@ class MoEEstimate:
     all_to_all_bytes: float    # sent per step by a GPU of the fullest stage
     expert_memory: dict        # model-state bytes beyond the dense equivalent's (may be < 0)
     expert_dp_s: float         # the experts' DP/ZeRO time beyond the equivalent's (may be < 0)
+    etp: int                   # expert TP (None: coupled, = the layout's tp)
+    expert_tp_s: float         # the expert TP's time against the equivalent's TP (may be < 0)
     step_time_s: float
     memory_bytes_per_gpu: float
     fits: bool
@@ -212,26 +300,28 @@ class MoEEstimate:
     def as_dict(self):
         return dict(self.dense.as_dict(), ep=self.ep, all_to_all_s=self.all_to_all_s,
                     all_to_all_bytes=self.all_to_all_bytes, expert_memory=dict(self.expert_memory),
-                    expert_dp_s=self.expert_dp_s,
+                    expert_dp_s=self.expert_dp_s, etp=self.etp, expert_tp_s=self.expert_tp_s,
                     step_time_s=self.step_time_s, memory_bytes_per_gpu=self.memory_bytes_per_gpu,
                     fits=self.fits, total_params=self.total_params, active_params=self.active_params,
                     tflops_per_gpu_model=self.tflops_per_gpu_model, mfu=self.mfu)
 
 
-def estimate_moe(model, moe, cluster, layout, ep=1, dense=None):
-    """The MoEEstimate of a layout with ep-way expert parallelism (module docstring);
-    ValueError with the one-line reason when it is not legal. dense: the dense
-    equivalent's plan.cost.Estimate, when the caller has it (a search over ep)."""
-    why = legal_moe(model, moe, layout, ep)
+def estimate_moe(model, moe, cluster, layout, ep=1, dense=None, etp=None):
+    """The MoEEstimate of a layout with ep-way expert parallelism and etp-way expert TP
+    (None: the layout's tp, coupled; module docstring); ValueError with the one-line
+    reason when it is not legal. dense: the dense equivalent's plan.cost.Estimate, when
+    the caller has it (a search over ep)."""
+    why = legal_moe(model, moe, layout, ep, etp)
     if why:
         raise ValueError(why)
     if dense is None:
         dense = estimate(_dense_equivalent(model, moe), cluster, layout)
     layers = max(layout_stages(model, layout))           # the fullest stage's
-    a2a_s = all_to_all_seconds(model, moe, cluster, layout, ep, layers)
-    extra = expert_state_bytes(model, moe, layout, ep, layers)
-    dp_s = max(-dense.dp_s, expert_dp_seconds(model, moe, cluster, layout, ep, layers))
-    step = dense.step_time_s + a2a_s + dp_s
+    a2a_s = all_to_all_seconds(model, moe, cluster, layout, ep, layers, etp)
+    extra = expert_state_bytes(model, moe, layout, ep, layers, etp)
+    dp_s = max(-dense.dp_s, expert_dp_seconds(model, moe, cluster, layout, ep, layers, etp))
+    etp_s = max(-dense.tp_s, expert_tp_seconds(model, moe, cluster, layout, layers, etp))
+    step = dense.step_time_s + a2a_s + dp_s + etp_s
     mem = dense.memory_bytes_per_gpu + sum(extra.values())
     # model FLOPs: the active experts' (no capacity padding) and the router's, 3 x forward
     B, s, h = model.global_batch, model.seq, model.hidden
@@ -243,7 +333,7 @@ def estimate_moe(model, moe, cluster, layout, ep=1, dense=None):
              + 6 * B * s * h * moe.experts * n)
     tflops = flops / step / cluster.gpus / 1e12
     return MoEEstimate(dense, ep, a2a_s, all_to_all_bytes(model, moe, layout, ep, layers), extra,
-                       dp_s, step, mem, mem <= USABLE_MEMORY * cluster.gpu.memory_bytes,
+                       dp_s, etp, etp_s, step, mem, mem <= USABLE_MEMORY * cluster.gpu.memory_bytes,
                        params(model, moe), params(model, moe, True), tflops,
                        tflops * 1e12 / cluster.gpu.peak_flops)
 

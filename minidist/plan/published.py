@@ -22,6 +22,18 @@ Each row is compared in the unit its paper reports, like with like:
   tokens_s          tokens per second per GPU, no FLOP convention (MosaicML llm-foundry,
                     scripts/train/benchmarking/README.md, "Throughput (T/s/GPU)", tables H100
                     80GB BF16 and A100 80GB: the rows at sequence 2048 of the 7B-70B models)
+  tflops_model      TFLOP/s per GPU of model FLOPs, the active experts' only (Megatron-LM's
+                    --log-throughput, num_floating_point_operations: top-k experts, no router,
+                    no recomputation): the one mixture of experts, Mixtral 8x22B on 128 H100s
+                    with MoE Parallel Folding (expert TP 1 beside TP 2; Liu et al. 2025,
+                    arXiv 2504.14960), as the Megatron MoE Model Zoo runs it (github
+                    yanring/Megatron-MoE-ModelZoo, whose best_practice/readme.md ties it to
+                    NVIDIA's Megatron Core MoE report, arXiv 2603.07685;
+                    best_practice/Mixtral/run_mixtral_8x22B.sh's
+                    "around 455 TFLOPS" dropless and "around 470" with capacity factor 1.0,
+                    padded; the layout from runtime_configs/benchmarking/runtime.conf and
+                    model_configs/benchmarking/Mixtral-8x22B.yaml), a row with a MoE layout
+                    (Row.experts, ep, etp) predicted by plan.experts.estimate_moe
 Details the tables do not give are said in each row's note: micro-batch size and
 interleaving for Korthikanti's rows are those of Calculon's validation inputs (Isaev et
 al. 2023, calculon-ai/calculon validation/*.json), which we could not confirm in the paper
@@ -47,6 +59,7 @@ from dataclasses import dataclass
 
 from minidist.plan.cluster import GPUS, make_cluster, with_efficiency
 from minidist.plan.cost import estimate
+from minidist.plan.experts import Experts, estimate_moe
 from minidist.plan.layout import Layout, Model
 from minidist.plan.memory import LLAMA3_FSDP_ZERO
 
@@ -57,6 +70,7 @@ L_SRC = "Llama 3 (Grattafiori et al. 2024), Table 4"
 S_SRC = "Smith et al. 2022 (MT-NLG 530B), sec. 2.4"
 B_SRC = "BLOOM 176B training log (BigScience)"
 M_SRC = "MosaicML llm-foundry benchmarks"
+X_SRC = "Megatron MoE Model Zoo (NVIDIA)"
 S_NOTE = ("the paper's figures as quoted by cli99/llm-analysis examples/megatron-turing-nlg (README: "
           "batch 1920 on 280, 350, 420 DGX A100s, 60.1, 50.2, 44.4 s per iteration, 126, 121, 113 "
           "TFLOP/s per GPU; run_train.sh: TP 8, PP 35) and, for the 280-node figures, by a reader "
@@ -83,6 +97,23 @@ M_NOTE = ("scripts/train/benchmarking/README.md, tables 'H100 80GB BF16' and 'A1
           "accumulation and activation checkpointing (as full recomputation); flash attention; "
           "ALiBi and tied embeddings not modelled; the H100 table does not state its network: "
           "DGX H100's 50 GB/s per GPU assumed; A100's 1600 Gb/s per node is 25 GB/s per GPU")
+X_NOTE = ("github yanring/Megatron-MoE-ModelZoo, Megatron-Core MoE benchmarking scripts (its "
+          "best_practice/readme.md: the reproduction scripts of NVIDIA's Megatron Core MoE report): "
+          "best_practice/Mixtral/run_mixtral_8x22B.sh, 'Dropless training, stable performance should be "
+          "around 455TFLOPS for H100' and 'Token Drop training, perf should be around 470TFLOPS' "
+          "(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity): rounded figures in a "
+          "script's comments, not a table; runtime.conf: TP 2, PP 8, EP 8, CP 1, VPP 1, micro-batch 1, "
+          "global batch 256, 56 layers, 16 nodes, sequence 4096, alltoall dispatcher, grouped GEMM; "
+          "Mixtral-8x22B.yaml: --expert-tensor-parallel-size 1 (MoE Parallel Folding, plan.experts' etp), "
+          "h 6144, 48 heads, 8 query groups, SwiGLU f 16384, 8 experts top 2, bf16, sequence parallelism, "
+          "flash attention, distributed optimizer (ZeRO 1) with --overlap-grad-reduce and "
+          "--overlap-param-gather, --tp-comm-overlap, no recomputation; Llama2Tokenizer: vocabulary 32,000 "
+          "(the README's '32K'); DGX H100 network (the Megatron MoE README's benchmarks: 8 x 400 Gbit/s "
+          "InfiniBand per node) assumed. Megatron's TFLOP/s count the model FLOPs of the top-2 experts "
+          "(megatron/training/training.py, num_floating_point_operations); its newer versions count half "
+          "the s x s attention (causal), older ones all of it, as the planner does: 3.4% of this model's "
+          "FLOPs, which version ran is not said. Even routing: the planner predicts the same for both "
+          "rows (dropless imbalance, which the 15 TFLOP/s between them reflects, is not modelled)")
 K_NOTE = "micro-batch and interleaving from Calculon's inputs, not confirmed in the paper"
 N_NOTE = ("micro-batch 1 and no interleaving assumed: Table 1 gives neither; also today's Megatron "
           "assumed: 2-byte gradients, their reduction overlapped with the last backward")
@@ -113,6 +144,9 @@ class Row:
     kind: str               # "step_s" | "mfu" | "tflops_hardware" | "tflops_model" | "tokens_s"
     note: str = ""
     inter_bw: float = None  # the cluster's network, bytes/s per GPU, where the source gives it
+    experts: Experts = None  # a mixture of experts: predicted by plan.experts.estimate_moe
+    ep: int = 1             # its expert parallelism
+    etp: int = None         # its expert TP (None: the layout's TP, coupled)
 
 
 def _gpt(L, h, a, B):
@@ -198,17 +232,30 @@ def _mosaic():
     return rows
 
 
-ROWS = _korthikanti() + _narayanan() + _llama3() + _mtnlg() + _bloom() + _mosaic()
+def _moe_zoo():
+    shape = Model(56, 6144, 48, 32000, 4096, 256, ffn_hidden=16384, kv_heads=8, swiglu=True)
+    lay = Layout(2, 8, 8, 1, zero=1, sequence_parallel=True, precision="megatron", flash_attention=True,
+                 tp_comm_overlap=True)
+    return [Row(X_SRC, label, shape, H100, 128, lay, tflops, "tflops_model", X_NOTE,
+                experts=Experts(8, 2, capacity_factor=cf), ep=8, etp=1)
+            for label, cf, tflops in (("8x22B dropless", None, 455), ("8x22B capacity 1", 1.0, 470))]
+
+
+ROWS = _korthikanti() + _narayanan() + _llama3() + _mtnlg() + _bloom() + _mosaic() + _moe_zoo()
 
 
 def predict(row, gpu=None):
     """The planner's figure for a row, in the row's unit (gpu: another GPU of its type, e.g.
     with another efficiency)."""
-    est = estimate(row.model, make_cluster(row.gpu, row.gpus, gpu=gpu, inter_bw=row.inter_bw), row.layout)
+    cluster = make_cluster(row.gpu, row.gpus, gpu=gpu, inter_bw=row.inter_bw)
+    if row.experts is not None:
+        est = estimate_moe(row.model, row.experts, cluster, row.layout, row.ep, etp=row.etp)
+    else:
+        est = estimate(row.model, cluster, row.layout)
     if row.kind == "tokens_s":
         return row.model.global_batch * row.model.seq / est.step_time_s / row.gpus, est
-    return {"step_s": est.step_time_s, "mfu": est.mfu, "tflops_hardware": est.tflops_per_gpu_hardware,
-            "tflops_model": est.tflops_per_gpu_model}[row.kind], est
+    return getattr(est, {"step_s": "step_time_s", "mfu": "mfu", "tflops_hardware": "tflops_per_gpu_hardware",
+                         "tflops_model": "tflops_per_gpu_model"}[row.kind]), est
 
 
 def compare(rows=ROWS):
@@ -217,8 +264,12 @@ def compare(rows=ROWS):
     out = []
     for row in rows:
         value, est = predict(row)
-        split = {k: getattr(est, k) for k in ("compute_s", "elementwise_s", "tp_s", "cp_s", "bubble_s", "pp_s",
-                                           "dp_s", "optimizer_s")}
+        dense = getattr(est, "dense", est)                  # a MoE row's dense equivalent
+        split = {k: getattr(dense, k) for k in ("compute_s", "elementwise_s", "tp_s", "cp_s", "bubble_s",
+                                             "pp_s", "dp_s", "optimizer_s")}
+        if dense is not est:                                # what the experts add (may be < 0)
+            split.update(all_to_all_s=est.all_to_all_s, expert_dp_s=est.expert_dp_s,
+                         expert_tp_s=est.expert_tp_s)
         out.append({"source": row.source, "label": row.label, "kind": row.kind, "predicted": value,
                     "cp": row.layout.cp, "cp_variant": row.layout.cp_variant,
                     "published": row.published, "rel_error": value / row.published - 1,
