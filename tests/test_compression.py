@@ -262,6 +262,39 @@ def test_one_bit_adam_on_one_rank_is_adamw_with_the_variance_frozen():
     assert all(np.array_equal(a, b) for a, b in zip(*runs))
 
 
+def test_one_bit_adam_leaves_out_a_parameter_that_had_no_gradient_in_the_warm_up():
+    """A parameter no gradient reached during the warm-up has no AdamW state (no v to
+    freeze): the compressed steps leave it as it is, and the others step as AdamW with the
+    variance frozen does without it."""
+    from mpi4py import MPI
+    from minidist.nn import Parameter
+    from minidist.optim import AdamW
+    rng = np.random.default_rng(5)
+    start = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    runs = []
+    for onebit in (False, True):
+        ps = [Parameter(a.copy()) for a in start]
+        model = Fake([(3, 4), (5,)])
+        model.ps = ps
+        dp = C.CompressedDataParallel(model, MPI.COMM_SELF, "1bit-adam", warmup_steps=2)
+        inner = AdamW(ps if onebit else ps[:1], lr=1e-2)
+        opt = C.OneBitAdam(inner, dp) if onebit else inner
+        for step in range(5):
+            for i, p in enumerate(ps):
+                p.grad = np.random.default_rng([step, i]).standard_normal(p.data.shape)
+            if onebit:
+                dp.sync()
+            elif step == 2:
+                inner.freeze_variance()
+            if step < 2:
+                ps[1].grad = None                      # no gradient reached it in the warm-up
+            opt.step()
+        assert id(ps[1]) not in inner.state
+        runs.append([p.data.copy() for p in ps])
+    assert np.array_equal(runs[0][0], runs[1][0]) and not np.array_equal(runs[1][0], start[0])
+    assert np.array_equal(runs[1][1], start[1])
+
+
 def test_one_bit_adam_bytes_are_a_32nd_of_fp32s():
     from minidist.plan.traffic import onebit_adam_sent
     # 100 values on 4 ranks: chunks 25 each, 4 + ceil(25 / 8) = 8 bytes a message, 3 + 3 messages

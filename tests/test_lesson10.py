@@ -64,9 +64,10 @@ def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--compressor", "1bit", "--warmup-steps", "8"], "is not shorter than training"),
-    (["--compressor", "powersgd", "--rank", "99"], "larger than the largest matrix allows"),
-    (["--compressor", "gzip"], "invalid choice"),
+    (["--compressor", "1bit", "--warmup-steps", "123456", "--steps", "100000"],      # (wide numbers)
+     "is not below --steps 100000: nothing to compress (try 25000)"),
+    (["--compressor", "powersgd", "--rank", "999999"], "more than the largest matrix allows"),
+    (["--compressor", "gzip"], "'gzip' is unknown"),
     (["--compressor", "1bit-adam", "--warmup-steps", "0"], "needs --warmup-steps 1 or more"),
 ], ids=["warmup-too-long", "rank-too-large", "unknown-compressor", "onebit-adam-no-warmup"])
 def test_bad_input_gets_one_message_and_exit_2(flags, words):
@@ -74,3 +75,5 @@ def test_bad_input_gets_one_message_and_exit_2(flags, words):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in our_lines(proc.stderr) if "error" in line]
     assert len(errors) == 1 and words in errors[0], proc.stderr
+    wide = [line for line in our_lines(proc.stdout + proc.stderr) if len(line) > 100]
+    assert not wide, wide                                           # every line within 100 columns

@@ -7,6 +7,9 @@ A checkpoint stores GLOBAL tensors, named as the single-process run names them:
     optim.exp_avg.<param>       AdamW's m, the shape of the parameter
     optim.exp_avg_sq.<param>    AdamW's v
     optim.step                  AdamW's step count (int64, one for all parameters)
+    optim.v_step                only once AdamW's variance is frozen (1-bit Adam, 1-bit
+                                gradients after their warm-up): the step v was frozen at,
+                                its bias correction's t (int64); loading it freezes v again
 
 Each rank writes the pieces it is responsible for, each piece a part of one global tensor:
 a box (one [start, stop) per dimension: a tensor-parallel shard) or a flat range of the
@@ -33,6 +36,7 @@ on 4 ranks loads into one process, data parallelism on 3, FSDP on 3 or TP 2 x PP
 import numpy as np
 
 STEP = "optim.step"
+V_STEP = "optim.v_step"
 
 
 class Held:
@@ -225,10 +229,39 @@ def pieces_of(model, opt, comm, zero=None):
     step = _agreed_step(comm, _step_of(states))
     out = [{"name": h.name, "global_shape": h.shape, "dtype": h.local.dtype,
             "array": np.asarray(h.local, order="C"), **h.region} for h in writers(comm, held)]
+    frozen = _agreed_step(comm, _v_step_of(opt, zero, states))
     if comm.Get_rank() == 0:     # (np.asarray keeps a 0-d array 0-d; ascontiguousarray would not)
         out.append({"name": STEP, "global_shape": (), "dtype": np.dtype(np.int64),
                     "array": np.array(step, np.int64), "box": []})
+        if frozen:
+            out.append({"name": V_STEP, "global_shape": (), "dtype": np.dtype(np.int64),
+                        "array": np.array(frozen, np.int64), "box": []})
     return out, step
+
+
+def _adamw_of(opt, zero=None):
+    """The AdamW inside a wrapper (ZeRO, MixedPrecision, OneBitAdam: each keeps it as
+    .inner), or None (no optimizer, or another kind)."""
+    from minidist.optim import AdamW
+    o = zero.inner if zero is not None else opt
+    for _ in range(4):                   # wrappers of wrappers: a few levels at most
+        if o is None or isinstance(o, AdamW):
+            return o
+        o = getattr(o, "inner", None)
+    return None
+
+
+def _v_step_of(opt, zero, states):
+    """The step AdamW's variance was frozen at (0: not frozen, or no state yet); the
+    parameters' v_step must agree, as their step counts do."""
+    adamw = _adamw_of(opt, zero)
+    if adamw is None or not adamw.variance_frozen:
+        return 0
+    v_steps = {int(s["v_step"]) for s in states if s is not None and "v_step" in s}
+    if len(v_steps) > 1:
+        raise ValueError(f"the parameters' frozen-variance steps differ ({sorted(v_steps)}): "
+                         "a checkpoint keeps one")
+    return v_steps.pop() if v_steps else 0
 
 
 def _agreed_step(comm, step):
@@ -270,6 +303,7 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
 
     read(name, region): the store's reader of one region ({"box": ...} or {"flat": ...})."""
     step = int(read(STEP, {"box": []})) if STEP in index["tensors"] else 0
+    v_step = int(read(V_STEP, {"box": []})) if V_STEP in index["tensors"] else 0
     target = zero.inner if zero is not None else opt
     # AdamW's state appears when the first step runs; a resumed run needs it now
     params = ([q for g in zero.groups for q in g.pieces] if zero is not None else list(model.parameters()))
@@ -278,7 +312,12 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
     if step and target is not None:
         states = _states_of(target) if zero is None else target.state
         for q in params:
-            states[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data)}
+            # v_step: v's bias-correction step, which is the step itself until v is frozen
+            states[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data),
+                             "v_step": v_step or step}
+        adamw = _adamw_of(opt, zero)
+        if adamw is not None:
+            adamw.variance_frozen = bool(v_step)
     held, _ = held_pieces(model, target if zero is None else opt, zero)
     for h in held:
         if h.name.startswith("optim.") and not step:
@@ -395,7 +434,8 @@ def load(comm, path, model, opt, zero=None):
             raise CheckpointError(f"{ckpt}: weights only (no AdamW m, v, step): resume from what "
                                   "a training run saved")
         store.check_against(index, expected, extra_ok=True)
-        extra = sorted(n for n in set(index["tensors"]) - union if not n.startswith(("run.", "rank.")))
+        extra = sorted(n for n in set(index["tensors"]) - union - {V_STEP}
+                       if not n.startswith(("run.", "rank.")))
         if extra:
             raise CheckpointError(f"the checkpoint holds {extra[0]!r}, which no rank's model has (another model?)")
 

@@ -23,6 +23,8 @@ run, step time); the curves as text (and --plot PATH: a PNG). The exit code is 0
 every exact check holds and every step's bytes equal the formula; the convergence goals are
 reported beside, as measurements.
 """
+import argparse
+
 import numpy as np
 
 from minidist.lessons import common, harness
@@ -34,6 +36,13 @@ COMPRESSORS = ("none", "fp16", "int8", "1bit", "1bit-adam", "powersgd")
 GOALS = {"bf16": 0.02, "fp16": 0.02, "1bit": 0.05, "1bit-adam": 0.05, "powersgd": 0.05}   # gap to fp32
 
 
+def compressor_name(text):
+    """--compressor's check: argparse's own message lists the choices and runs past 100 columns."""
+    if text not in COMPRESSORS:
+        raise argparse.ArgumentTypeError(f"{text!r} is unknown")
+    return text
+
+
 def build_parser():
     p = harness.parser(__doc__.split("\n\n")[0], steps=200, dtype="float32")
     common.add_model_flags(p, n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=16)
@@ -41,7 +50,7 @@ def build_parser():
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
     g = p.add_argument_group("variants (give any of these to run that variant alone, beside fp32)")
     g.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
-    g.add_argument("--compressor", choices=COMPRESSORS,
+    g.add_argument("--compressor", type=compressor_name, metavar="{" + ",".join(COMPRESSORS) + "}",
                    help="1bit: 1-bit gradients with error feedback; 1bit-adam: 1-bit Adam (the momentum)")
     g.add_argument("--rank", type=positive_int, default=4, help="PowerSGD's rank r (default %(default)s)")
     g.add_argument("--warmup-steps", type=harness.nonnegative_int, default=None,
@@ -101,11 +110,10 @@ def check_input(args, world):
     harness.need(args.grad_clip >= 0, f"--grad-clip must be 0 or more, got {args.grad_clip}")
     w = args.warmup_steps
     harness.need(w is None or w < args.steps,
-                 f"--warmup-steps {w} is not shorter than training (--steps {args.steps}): nothing would be "
-                 f"compressed; this works: {harness.command_with(world, {'--warmup-steps': args.steps // 4})}")
+                 f"--warmup-steps {w} is not below --steps {args.steps}: nothing to compress"
+                 + (f" (try {max(1, args.steps // 4)})" if args.steps > 1 else ""))
     harness.need(not (args.compressor == "1bit-adam" and w == 0),
-                 "--compressor 1bit-adam needs --warmup-steps 1 or more: its variance is frozen after "
-                 "the warm-up (0 would freeze it empty)")
+                 "--compressor 1bit-adam needs --warmup-steps 1 or more: it freezes Adam's v after them")
     harness.need(args.seq_start <= args.block_size,
                  f"--seq-start {args.seq_start} is longer than --block-size {args.block_size}")
     if args.zero:
@@ -132,8 +140,8 @@ def main(args):
     runs = variants(args)
     if args.compressor == "powersgd" or any(v.compressor == "powersgd" for v in runs):
         largest = max(min(s) for s in checks.matrix_shapes(cfg, args.seed))
-        harness.need(args.rank <= largest, f"--rank {args.rank} is larger than the largest matrix allows "
-                     f"({largest}, the smaller side of the model's largest weight matrix)")
+        harness.need(args.rank <= largest, f"--rank {args.rank} is more than the largest matrix allows: "
+                     f"{largest}, its smaller side")
     say(f"Lesson 10: mixed precision, gradient compression and curriculum learning, data-parallel on "
         f"{harness.ranks(world)}\n")
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} block_size={cfg.block_size}, "

@@ -71,10 +71,11 @@ With S segments in all (about N + the number of tensors) that is 2(N-1)/N x (com
 bytes + k S) on average. scales="chunk" keeps one scale per chunk (S = N: an empty
 chunk is still one message of a lone scale); in "tensor" an empty chunk has no segment
 and sends nothing. Measured in lesson 10 (4 ranks, 200 steps, gap to fp32's validation
-loss, the learning-rate warm-up then counted in tokens): int8 +3.15% with one scale per
-chunk, +1.04% with one per tensor; 1-bit gradients (50 warm-up steps, AdamW's variance
-frozen) +6.40% per chunk, +7.08% per tensor (seed 1: +6.24%, +6.90%), so 1 bit keeps one
-scale per chunk unless told otherwise. (1-bit Adam, same bytes: +1.17%, lesson 10.)
+loss; the lesson's table has each compressor's default, the other choice is the lesson
+run with `scales=` flipped): int8 about +3.1% with one scale per chunk, about +0.6% with
+one per tensor; 1-bit gradients (50 warm-up steps, AdamW's variance frozen) about +7.7%
+per chunk, about +9.0% per tensor (--seed 1: about +6.4%, +7.0%), so 1 bit keeps one
+scale per chunk unless told otherwise. (1-bit Adam, same bytes: about +1.2%, lesson 10.)
 
 The obvious alternative, an all-gather of every rank's whole compressed
 vector, makes each rank forward N-1 whole vectors: (N-1) x C bytes, against
@@ -231,7 +232,9 @@ class OneBitAdam:
     project's choices: the momenta of all parameters in one flat buffer (DeepSpeed
     compresses each flat buffer its fp16 optimizer hands it); AdamW's bias corrections and
     decoupled weight decay kept (DeepSpeed's update has no bias correction); gradient
-    clipping (train_step) clips each worker's own gradient in the compressed phase.
+    clipping (train_step) clips each worker's own gradient in the compressed phase; a
+    parameter that no warm-up step gave a gradient has no v and is not updated.
+    A checkpoint keeps the frozen v's step (minidist/checkpoint/layouts.py, optim.v_step).
     """
 
     def __init__(self, inner, dp):
@@ -248,8 +251,19 @@ class OneBitAdam:
             return self.inner.step()
         if not self.inner.variance_frozen:
             self.inner.freeze_variance()
+        # A parameter without AdamW state had no gradient in any warm-up step: it has no v to
+        # precondition with, so it is not updated (as AdamW skips one without a gradient); its
+        # place in the flat buffer (the dp slot's residuals cover every parameter) holds zeros.
+        # Which parameters have state is the same on every rank: the warm-up's gradients are
+        # the all-reduced ones.
         items = [(g, p) for g in self.param_groups for p in g["params"]]
-        for g, p in items:                                  # 1. each worker's own momentum
+        live = [id(p) in self.inner.state for _, p in items]
+        if not any(live):
+            raise ValueError("OneBitAdam: no parameter has AdamW state after the warm-up (it needs "
+                             "warmup_steps 1 or more, with gradients): no variance to freeze")
+        for (g, p), ok in zip(items, live):                 # 1. each worker's own momentum
+            if not ok:
+                continue
             b1 = g["betas"][0]
             s = self.inner.state[id(p)]
             s["step"] += 1
@@ -258,15 +272,18 @@ class OneBitAdam:
             if p.grad is not None:
                 m += (1.0 - b1) * xp.asarray(p.grad)
         # 2. the momenta averaged in 1 bit, with error feedback
-        flat = np.concatenate([to_numpy(self.inner.state[id(p)]["exp_avg"]).reshape(-1)
-                               for _, p in items])
+        flat = np.concatenate([to_numpy(self.inner.state[id(p)]["exp_avg"]).reshape(-1) if ok
+                               else np.zeros(p.data.size, self.dp.dtype)
+                               for (_, p), ok in zip(items, live)])
         avg, at = self.dp.allreduce_momentum(flat), 0
-        for g, p in items:                                  # 3. AdamW's update, v frozen
+        for (g, p), ok in zip(items, live):                 # 3. AdamW's update, v frozen
+            at += p.data.size
+            if not ok:
+                continue
             lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
             s = self.inner.state[id(p)]
             m = s["exp_avg"]
-            m[...] = xp.asarray(avg[at:at + m.size].reshape(m.shape))
-            at += m.size
+            m[...] = xp.asarray(avg[at - m.size:at].reshape(m.shape))
             if wd:
                 p.data *= 1.0 - lr * wd
             denom = xp.sqrt(s["exp_avg_sq"]) * (1.0 / math.sqrt(1.0 - b2 ** s["v_step"])) + eps

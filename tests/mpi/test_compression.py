@@ -324,3 +324,50 @@ def test_gpt_train_step(comm):
     assert np.all(np.isfinite(losses))
     if comm.Get_size() > 1:
         assert dp.last_sent * 20 < dp.uncompressed_bytes()
+
+
+# ----------------------------------------------------------------------------- 1-bit Adam, compressed steps
+
+def test_one_bit_adam_averages_the_momenta_and_keeps_the_replicas_equal(comm):
+    """OneBitAdam after its warm-up, on the job's ranks (each its own gradients): every
+    rank's momentum is compressed_allreduce of the ranks' own momenta, rebuilt here from
+    AdamW's state before the step (with copies of the residuals); the weights take AdamW's
+    update with that momentum and v frozen, and are bit for bit the same on every rank."""
+    from minidist.nn import Parameter
+    from minidist.optim import AdamW
+    size, rank = comm.Get_size(), comm.Get_rank()
+    start = [np.random.default_rng([9, i]).standard_normal(s) for i, s in enumerate(SHAPES)]
+    model = Fake()
+    model.ps = [Parameter(a.copy()) for a in start]
+    lr, (b1, b2), eps, wd = 1e-2, (0.9, 0.95), 1e-8, 0.1
+    inner = AdamW(model.ps, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    dp = CompressedDataParallel(model, comm, "1bit-adam", warmup_steps=1)
+    opt = compression.OneBitAdam(inner, dp)
+    for k in range(4):
+        for p, g in zip(model.ps, all_grads(size, k)[rank]):
+            p.grad = g
+        dp.sync()
+        if not dp.compressing:
+            opt.step()
+            continue
+        before = [(p.data.copy(), inner.state[id(p)]["exp_avg"].copy()) for p in model.ps]
+        local = flat(b1 * m + (1 - b1) * p.grad for p, (_, m) in zip(model.ps, before))
+        worker, server = dp.worker_error.copy(), dp.server_error[0].copy()
+        want = local if size == 1 else compression.compressed_allreduce(comm, local, worker, server)
+        opt.step()
+        got = flat(inner.state[id(p)]["exp_avg"] for p in model.ps)
+        assert np.array_equal(got, want), f"rank {rank}, step {k}: the momentum is not the 1-bit average"
+        assert np.array_equal(dp.worker_error, worker) and np.array_equal(dp.server_error[0], server)
+        if size > 1:
+            assert not np.array_equal(got, local), "the momentum was not averaged"
+        at = 0
+        for p, (data, _) in zip(model.ps, before):
+            s, m = inner.state[id(p)], want[at:at + p.data.size].reshape(p.data.shape)
+            at += p.data.size
+            denom = np.sqrt(s["exp_avg_sq"]) / np.sqrt(1 - b2 ** s["v_step"]) + eps
+            update = data * (1 - lr * wd) - lr / (1 - b1 ** s["step"]) * m / denom
+            assert s["v_step"] == 1 and np.max(np.abs(p.data - update)) <= 1e-12 * np.max(np.abs(data))
+        weights = flat(p.data for p in model.ps)
+        every = np.empty((size, weights.size))
+        comm.Allgather(weights, every)
+        assert all(np.array_equal(every[0], w) for w in every), "the replicas' weights differ"
