@@ -26,6 +26,7 @@ import math
 import sys
 
 from minidist.plan.memory import ACCOUNTING, activation_layer_bytes, model_state_bytes
+from minidist.plan.rules import parameter_count
 
 K_ADAM = ACCOUNTING["zero"][2]   # fp32 master weights, momentum, variance: bytes per parameter
 GB = 1e9           # the paper's GB
@@ -41,22 +42,6 @@ def _positive(kind):
             raise argparse.ArgumentTypeError(f"expected a positive {'whole ' if kind is int else ''}number, got {text!r}")
         return v
     return parse
-
-
-SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def parameter_count(text):
-    """argparse type: 7.5e9, 7500000000, 7.5B, 70b, 350M, 1.2T -> a positive float."""
-    t = text.strip().replace("_", "").replace(",", "")
-    scale = SUFFIX.get(t[-1:].lower(), 1.0) if t[-1:].isalpha() else 1.0
-    try:
-        v = float(t[:-1] if scale != 1.0 else t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a parameter count such as 7.5e9, 7.5B, 350M or 1.2T, got {text!r}")
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive parameter count, got {text!r}")
-    return v
 
 
 class _Parser(argparse.ArgumentParser):

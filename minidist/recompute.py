@@ -39,6 +39,7 @@ import math
 
 from minidist import ops
 from minidist.context import Context
+from minidist.plan.rules import segments        # the planner's memory model cuts the same way
 from minidist.rng import dropout_rng_of
 from minidist.tensor import Function, Node, Tensor, is_grad_enabled, no_grad
 
@@ -167,11 +168,6 @@ class Policy:
 
     def __repr__(self):
         return f"Policy({self.name!r}" + (f", k={self.k})" if self.name == "every-k" else ")")
-
-
-def segments(n_layer, size):
-    """[(lo, hi)]: the blocks of each checkpoint, size at a time (the last may be shorter)."""
-    return [(lo, min(lo + size, n_layer)) for lo in range(0, n_layer, size)]
 
 
 class _Segment:

@@ -1,9 +1,12 @@
-"""The strategy modules import downward only: zero.py and fsdp.py never import each other.
+"""The layers import downward only: zero.py and fsdp.py never import each other, and
+minidist/plan/ imports nothing of minidist outside plan/ and no mpi4py.
 
 The flat sharded buffer, its partition, gather and reduce-scatter live in
 minidist/parallel/flat_shards.py, below both; fsdp.py builds FSDP from zero.ZeRO, and zero.py
-takes stage 3's units as an argument. Every import is read from the source with ast, at
-module level and inside functions, so a function-level import cannot hide a cycle.
+takes stage 3's units as an argument. The small rules the engine and the planner share
+live in plan/rules.py, and the engine imports them from there. Every import is read from
+the source with ast, at module level and inside functions, so a function-level import
+cannot hide a cycle.
 """
 import ast
 import pathlib
@@ -53,3 +56,85 @@ def test_the_parser_sees_function_level_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from minidist.parallel.zero import ZeRO\n    from minidist.parallel import fsdp\n")
     assert imported(probe) == {"zero", "fsdp"}
+
+
+# ----------------------------------------------------------------------------- plan/ is a leaf
+
+PLAN = PARALLEL.parent / "plan"
+
+
+def absolute_imports(path, package):
+    """Every module name `path` (a module of `package`) imports, anywhere in the file:
+    `import a.b`, `from a import b` (as a and a.b), relative imports resolved against
+    package, and importlib.import_module / __import__ of a literal name."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("import_module", "__import__"):
+                out.add(node.args[0].value)
+    return out
+
+
+def outside_plan(names):
+    """The names that break plan/'s rule: minidist modules outside minidist.plan, mpi4py."""
+    def bad(name):
+        parts = name.split(".")
+        if parts[0] == "mpi4py":
+            return True
+        return parts[0] == "minidist" and len(parts) > 1 and parts[1] != "plan"
+    return sorted(n for n in names if bad(n))
+
+
+def test_plan_imports_nothing_of_minidist_outside_plan_and_no_mpi4py():
+    """minidist/plan/ is arithmetic the engine and the lessons build on: it imports no
+    other minidist package (the engine imports its small rules from plan/rules.py) and no
+    mpi4py, so `python -m minidist.plan` runs where MPI is not installed."""
+    modules = sorted(PLAN.rglob("*.py"))
+    assert len(modules) > 10, f"found only {modules} under {PLAN}"
+    broken = {}
+    for path in modules:
+        package = ".".join(("minidist",) + path.relative_to(PLAN.parent).parent.parts)
+        bad = outside_plan(absolute_imports(path, package))
+        if bad:
+            broken[str(path.relative_to(PLAN.parent.parent))] = bad
+    assert not broken, f"plan/ must import nothing of minidist outside plan/, nor mpi4py: {broken}"
+
+
+def test_the_plan_rule_sees_every_kind_of_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib\nfrom . import cost\nfrom .. import comm\n"
+                     "def f():\n    from mpi4py import MPI\n    import minidist.progress\n"
+                     "    from minidist import lessons\n"
+                     "    importlib.import_module('minidist.lessons.07_3d_parallel')\n")
+    got = absolute_imports(probe, "minidist.plan")
+    assert "minidist.plan.cost" in got
+    assert outside_plan(got) == ["minidist.comm", "minidist.lessons",
+                                 "minidist.lessons.07_3d_parallel", "minidist.progress",
+                                 "mpi4py", "mpi4py.MPI"]
+
+
+def test_the_engine_imports_the_shared_rules_from_plan_not_a_copy():
+    """chunk_bounds, padded_vocab, assign_buckets, segments and parameter_count live once,
+    in plan/rules.py: the engine's names are the same functions."""
+    from minidist import memory, recompute
+    from minidist.comm import chunk_bounds
+    from minidist.parallel import data_parallel, tensor_parallel, zero
+    from minidist.plan import rules
+    assert chunk_bounds is rules.chunk_bounds
+    assert tensor_parallel.padded_vocab is rules.padded_vocab
+    assert data_parallel.assign_buckets is rules.assign_buckets is zero.assign_buckets
+    assert recompute.segments is rules.segments
+    assert memory.parameter_count is rules.parameter_count

@@ -116,11 +116,11 @@ def fake_measure(rho, best, two, same_bytes=True):
     (None, "1x1x8", True, False), (0.9, "1x1x8", False, False)])
 def test_the_measure_verdict_needs_rho_the_best_among_the_predicted_two_and_the_bytes(
         monkeypatch, rho, best, same_bytes, agree):
-    """The section's verdict from plan.measure.run's result (the run itself, 8 ranks for
+    """The section's verdict from plan_measure.run's result (the run itself, 8 ranks for
     minutes, is not part of the suite; its byte counts are in tests/mpi/test_links.py)."""
     from mpi4py import MPI
     from minidist.lessons import harness
-    from minidist.plan import measure
+    from minidist.lessons import plan_measure as measure
     monkeypatch.setattr(measure, "run", lambda comm: fake_measure(rho, best, ["1x1x8", "2x1x4"], same_bytes))
     with harness.running(MPI.COMM_SELF) as said:
         ok, result = lesson().measured(MPI.COMM_SELF)
@@ -139,10 +139,10 @@ def test_measure_on_one_rank_is_refused():
 
 
 def test_the_measure_progress_weighs_the_time_left_by_the_predicted_steps():
-    """--measure's progress line (plan.measure.Ahead): after a layout predicted at 1 s of 10,
+    """--measure's progress line (plan_measure.Ahead): after a layout predicted at 1 s of 10,
     10 s spent leave 90 s, where a plain count (1 of 3 in 10 s) would say 20 s."""
     import io
-    from minidist.plan.measure import Ahead
+    from minidist.lessons.plan_measure import Ahead
     now = [0.0]
     bar = Ahead([1, 1, 8], "layouts", stream=io.StringIO(), every=1, clock=lambda: now[0])
     now[0] = 10.0

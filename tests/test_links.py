@@ -1,5 +1,5 @@
 """The link model's parser and arithmetic (minidist/comm/links.py), Spearman's rank
-correlation and the layouts of minidist/plan/measure.py, and a malformed MINIDIST_LINKS
+correlation and the layouts of minidist/lessons/plan_measure.py, and a malformed MINIDIST_LINKS
 ending a job with one message and exit 2 on every rank."""
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 from launcher import mpirun_cmd, needs_mpirun
 from minidist.comm import links
-from minidist.plan import measure
+from minidist.lessons import plan_measure as measure
 
 ROOT = Path(__file__).resolve().parents[1]
 

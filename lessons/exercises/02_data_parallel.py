@@ -9,7 +9,8 @@ a time limit; below 3 ranks exercise 2.1 fails and says so):
     mpirun -n 3 python -m minidist.grade lessons/exercises/02_data_parallel.py
     mpirun -n 4 python -m minidist.grade lessons/exercises/02_data_parallel.py
 
-The package's answers are in minidist/parallel/data_parallel.py under the same names.
+The package's answers are in minidist/parallel/data_parallel.py under the same names
+(assign_buckets is imported there from minidist/plan/rules.py, where the planner uses it too).
 When a function passes its checks, the grader puts it into the package and runs lesson 02
 with it at a tiny size (average_gradients in its --naive run, assign_buckets in its
 bucketed one), in float64 and float32: it must match one process there too.

@@ -28,17 +28,12 @@ from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
+from minidist.plan.rules import chunk_bounds   # numpy.array_split's cut, once (plan/rules.py)
 from minidist.comm.watchdog import waiting
 
 # Tags of the blocking collectives: a range of their own, so a user's send/recv (tags
 # below 20000) or a non-blocking all-reduce in flight (20000-29999) never matches them.
 TAG_REDUCE_SCATTER, TAG_ALL_GATHER, TAG_ALL_TO_ALL = 30001, 30002, 30003
-
-
-def chunk_bounds(n, size):
-    """Offsets [b0=0, b1, ..., b_size=n] of numpy.array_split(range(n), size): chunk c is [b_c, b_c+1)."""
-    q, r = divmod(n, size)
-    return [c * q + min(c, r) for c in range(size + 1)]
 
 
 def sendrecv(comm, sendbuf, dest, recvbuf, source, tag):

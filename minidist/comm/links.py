@@ -23,8 +23,8 @@ The variable's syntax (this project's own), comma-separated key=value items:
 
 `scale` is how the cluster is time-scaled: with X = (the GPU's peak FLOP/s) / (this CPU's
 FLOP/s per rank), a byte costs the same number of FLOPs here as on the real cluster, so
-compute and communication keep the real cluster's ratio (minidist/plan/measure.py measures
-the FLOP/s and builds X). Alphas are not scaled: a real 5 us alpha times X ~ 1e5 would be
+compute and communication keep the real cluster's ratio (minidist/lessons/plan_measure.py
+measures the FLOP/s and builds X). Alphas are not scaled: a real 5 us alpha times X ~ 1e5 would be
 half a second per message.
 
 What is delayed: every upper-case send of a point-to-point message (Send, Ssend, Bsend,

@@ -361,8 +361,9 @@ def published_runs():
 
 def measured(comm):
     """Lesson 07's layouts on this machine under the link model, beside the planner."""
-    from minidist.plan import measure
-    say("7. The planner against a time-scaled cluster on this machine (plan.measure; minidist/comm/links.py):\n"
+    from minidist.lessons import plan_measure as measure
+    say("7. The planner against a time-scaled cluster on this machine (minidist/comm/links.py;\n"
+        "   minidist/lessons/plan_measure.py):\n"
         f"   lesson 07 at every tp x pp x dp of {comm.Get_size()} ranks, measured beside predicted")
     result = measure.run(comm)
     for line in measure.table(result):

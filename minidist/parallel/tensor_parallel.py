@@ -38,6 +38,7 @@ from minidist import ops
 from minidist.backend import to_numpy, xp
 from minidist.comm import all_reduce, chunk_bounds
 from minidist.nn import Module
+from minidist.plan.rules import padded_vocab   # the planner counts the same padding (plan/rules.py)
 from minidist.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- the conjugate pair
@@ -262,11 +263,6 @@ class RowParallelLinear(Module):
         return _apply(RowParallelLinearFunction, x, self.weight, self.bias, self.comm)
 
 # ----------------------------------------------------------------------------- vocabulary
-
-
-def padded_vocab(vocab_size, t):
-    """The vocabulary rounded up to a multiple of t (Megatron pads to 128 t; t is enough here)."""
-    return -(-vocab_size // t) * t
 
 
 def vocab_range(vocab_size, t, rank):

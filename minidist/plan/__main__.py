@@ -41,9 +41,9 @@ import json
 import sys
 import textwrap
 
-from minidist.memory import parameter_count
 from minidist.plan.cluster import GPUS, make_cluster
 from minidist.plan.cost import describe, estimate
+from minidist.plan.rules import parameter_count
 from minidist.plan.layout import (CP_VARIANTS, RECOMPUTE, Layout, Model, layout_stages, legal,
                                   model_from_params)
 from minidist.plan.search import search, stage_splits

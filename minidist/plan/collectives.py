@@ -22,13 +22,7 @@ all_reduce(algorithm="auto") uses (minidist/comm/tuning.py).
 """
 
 
-def chunk_bounds(n, size):
-    """Offsets [b0=0, b1, ..., b_size=n] of numpy.array_split(range(n), size): chunk c is
-    [b_c, b_c+1). The engine's rule (minidist.comm.chunk_bounds), stated again here so
-    that the planner imports nothing of the engine (no MPI: `python -m minidist.plan` is
-    arithmetic); tests/test_plan_cli.py holds the two equal."""
-    q, r = divmod(n, size)
-    return [c * q + min(c, r) for c in range(size + 1)]
+from minidist.plan.rules import chunk_bounds  # noqa: F401  (the engine's cut, stated once there)
 
 
 def chunk_len(n, size, c):

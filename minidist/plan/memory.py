@@ -22,6 +22,7 @@ which the planner's cost model uses; and this engine's own array-by-array count
 
 FSDP as Llama 3 ran it (section 3.3.2) is ZeRO stage 2: LLAMA3_FSDP_ZERO, below.
 """
+from minidist.plan.rules import segments     # the cut of every-k checkpoints, the engine's own
 
 # bytes per parameter of (weights, gradients, optimizer state)
 ACCOUNTING = {
@@ -348,7 +349,6 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
       With attention="blockwise" the core keeps nothing of size s^2 and is not
       checkpointed: selective is none.
     """
-    from minidist.recompute import segments        # the same cut the policy makes
     saves = engine_layer_saves(b, s, h, a, t, s_r, dropout, regather, attention)
     if policy == "selective" and attention == "blockwise":
         policy = "none"

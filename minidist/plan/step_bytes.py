@@ -40,15 +40,15 @@ Which tensors (this project's choice, written down): GPT's are the engine's own,
 order PipelineGPT holds them (parallel/pipeline_parallel.py): each layer's ln_1 (weight,
 bias), c_attn (h x (h + 2 h_kv) and its bias, cut t ways), attn.c_proj (h x h cut t ways,
 its bias whole), ln_2, mlp.c_fc (h x f and its bias, cut), mlp.c_proj (f x h cut, its bias
-whole); then the ends: the token table (the vocabulary padded to a multiple of t, as
-tensor_parallel.padded_vocab does; Megatron pads to 128 t) and the position table on the
-first stage, the tied table's copy and ln_f on the last. A Llama shape (swiglu) is this
-project's listing, there being no engine model of it: per layer the attention norm, wq,
-wk, wv, wo, the MLP norm, w1, w2, w3; the token table first, the final norm and an untied
-head last. Gradient buckets (Layout.bucket_bytes) are cut as data_parallel.assign_buckets
-cuts them, walking that order backwards; None is one flat buffer per stage (Megatron's
-contiguous gradient buffer, the engine's ZeRO-1 group), 0 one message per parameter
-(NaiveDataParallel, what lesson 07 runs).
+whole); then the ends: the token table (the vocabulary padded to a multiple of t by
+plan.rules.padded_vocab, as tensor_parallel pads it; Megatron pads to 128 t) and the
+position table on the first stage, the tied table's copy and ln_f on the last. A Llama
+shape (swiglu) is this project's listing, there being no engine model of it: per layer
+the attention norm, wq, wk, wv, wo, the MLP norm, w1, w2, w3; the token table first, the
+final norm and an untied head last. Gradient buckets (Layout.bucket_bytes) are cut by
+plan.rules.assign_buckets, as data_parallel cuts them, walking that order backwards; None
+is one flat buffer per stage (Megatron's contiguous gradient buffer, the engine's ZeRO-1
+group), 0 one message per parameter (NaiveDataParallel, what lesson 07 runs).
 """
 from collections import Counter
 
@@ -56,17 +56,10 @@ from minidist.plan.collectives import ring_all_reduce_sent
 from minidist.plan.context import cp_layer_bytes
 from minidist.plan.memory import ACCOUNTING
 from minidist.plan.pipeline import p2p_bytes
+from minidist.plan.rules import assign_buckets, padded_vocab
 from minidist.plan.traffic import dp_sent, pp_sent, tp_sent, zero_sent
 
 LOSS_BYTES = 8            # the loss the last stage broadcasts: one float64
-
-
-def padded_vocab(vocab, t):
-    """The vocabulary rounded up to a multiple of t: the engine's own rule
-    (minidist.parallel.tensor_parallel.padded_vocab), stated again here so that the
-    planner imports nothing of the engine (no MPI); tests/test_plan_cli.py holds the two
-    equal."""
-    return -(-vocab // t) * t
 
 
 def layer_tensors(model, t):
@@ -112,13 +105,12 @@ def _sizes(per_layer, ends, layers):
 
 def _buckets(sizes, itemsize, bucket_bytes, total):
     """Elements per gradient bucket: one flat buffer of `total` (None), one per parameter
-    (0), or data_parallel.assign_buckets' cut of the parameters' bytes; sizes: a thunk."""
+    (0), or assign_buckets' cut (data_parallel's) of the parameters' bytes; sizes: a thunk."""
     if bucket_bytes is None:
         return [total]
     sizes = sizes()
     if bucket_bytes == 0:
         return list(sizes)
-    from minidist.parallel.data_parallel import assign_buckets
     cut = assign_buckets([n * itemsize for n in sizes], bucket_bytes)
     return [sum(sizes[i] for i in b) for b in cut]
 

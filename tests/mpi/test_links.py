@@ -104,7 +104,7 @@ def test_point_to_point_pair_counts_header_and_data(comm):
 def test_lesson07_step_is_timed_under_the_link_model(comm):
     """measure.time_layout runs lesson 07's step on a wrapped world: every rank returns the
     same positive time, and the pipeline's and ZeRO's messages were charged to links."""
-    from minidist.plan import measure
+    from minidist.lessons import plan_measure as measure
     size = comm.Get_size()
     if size % 2:
         pytest.skip("two simulated nodes need an even world")
@@ -126,11 +126,11 @@ def test_lesson07_step_is_timed_under_the_link_model(comm):
 
 @pytest.mark.mpi(min_size=2)
 def test_lesson_12_measure_counts_the_planners_bytes_on_each_layout():
-    """plan.measure's byte column: lesson 07 at each layout (2 ranks: all; 4: those with two
+    """plan_measure's byte column: lesson 07 at each layout (2 ranks: all; 4: those with two
     groups larger than one), its counters against Estimate.bytes_sent for the rank the
     planner speaks for, group by group, exactly."""
     from mpi4py import MPI
-    from minidist.plan import measure
+    from minidist.lessons import plan_measure as measure
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     chosen = [f for f in measure.factorisations(size) if size == 2 or sorted(f)[1] > 1]

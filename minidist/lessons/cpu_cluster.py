@@ -1,4 +1,4 @@
-"""This machine as the planner's cluster, for the time-scaled comparison (plan/measure.py):
+"""This machine as the planner's cluster, for the time-scaled comparison (plan_measure.py):
 what one rank of this CPU does while all ranks run (FLOP/s, memory bandwidth, the cost of
 a message step), the planner's GPU and Cluster built from those figures and the link
 model's links (minidist/comm/links.py), and where the simulated nodes put each rank.

@@ -1,6 +1,10 @@
-"""The planner against a time-scaled cluster on this machine.
+"""The planner against a time-scaled cluster on this machine (lesson 12, section 7).
 
     mpirun -n 8 python -m minidist.lessons.12_plan --measure
+
+It lives with the lessons, not in minidist/plan/: it trains lesson 07's model with its
+parser and checks (MPI, the engine, lessons.common), while plan/ is arithmetic that
+imports nothing of minidist's outside itself and runs without mpi4py.
 
 Lesson 07's 3D training runs under the link model of minidist/comm/links.py (8 ranks as
 2 simulated nodes of 4) for every factorisation tp x pp x dp of the world that lesson 07
@@ -36,7 +40,7 @@ here than on GPUs of fixed speed.
 
 The bytes, though, are counted exactly: each layout's bytes per group from lesson 07's
 counters beside Estimate.bytes_sent (bytes_row, on one node: one_node).
-This machine's figures and the Cluster built from them: plan/cpu_cluster.py.
+This machine's figures and the Cluster built from them: lessons/cpu_cluster.py.
 
 Run on its own: run(comm) returns the rows; table(result) formats them. Rank 0 shows one
 progress line over the layouts (minidist.progress: updating, with the time left, on a
@@ -50,8 +54,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import links as linkmodel
-from minidist.plan.cpu_cluster import (cpu_cluster, machine_alpha, megatron_placement, one_node,
-                                       stream_bandwidth, sustained_flops)
+from minidist.lessons.cpu_cluster import (cpu_cluster, machine_alpha, megatron_placement, one_node,
+                                          stream_bandwidth, sustained_flops)
 from minidist.progress import WIDTH, Progress
 from minidist.progress import _clock as clock
 
