@@ -31,8 +31,8 @@ from minidist.lessons import common, harness
 from minidist.lessons.convergence import Variant, curve_plot, png_plot, run_variant
 from minidist.lessons.harness import fmt_bytes, positive_float, positive_int, say
 from minidist.lessons import precision_checks as checks
+from minidist.parallel.compressors import COMPRESSORS
 
-COMPRESSORS = ("none", "fp16", "int8", "1bit", "1bit-adam", "powersgd")
 GOALS = {"bf16": 0.02, "fp16": 0.02, "1bit": 0.05, "1bit-adam": 0.05, "powersgd": 0.05}   # gap to fp32
 
 

@@ -62,7 +62,8 @@ class Variant:
 
 def _dp_slot(v, model, opt, comm, args):
     """(optimizer, dp slot, formula(): bytes this rank sends in the next step)."""
-    from minidist.parallel.compression import CompressedDataParallel, OneBitAdam, ring_bytes
+    from minidist.parallel.compression import CompressedDataParallel, OneBitAdam
+    from minidist.plan.traffic import ring_bytes
     from minidist.parallel.data_parallel import BucketedDataParallel
     from minidist.precision import MixedPrecision, dtype16
     reduce16 = v.precision != "fp32" and (args.grad_reduce == "16" or v.precision == "fp16")

@@ -16,10 +16,15 @@ The papers' counts (docs/reference.md):
     ZeRO 3                                        two all-gathers + a reduce-scatter: 3 (N-1)/N Psi
     PP, per boundary, micro-batch and direction   b s h (plan.pipeline.p2p_bytes)
     MoE, per layer (even routing)                 4 all-to-alls of (ep-1)/ep x tokens k h
+
+Compressed data parallelism (minidist/parallel/compression.py), exactly: ring_bytes in the
+wire's dtype (fp16), two_phase_sent of the coded chunks (int8, 1 bit), onebit_adam_sent,
+powersgd_sent, and compressed_run_sent over a run with its uncompressed warm-up.
 """
 from minidist.plan.collectives import (ring_all_gather_sent, ring_all_reduce_sent,
                                        ring_reduce_scatter_sent)
 from minidist.plan.pipeline import p2p_bytes
+from minidist.plan.rules import chunk_bounds
 
 # ----------------------------------------------------------------------------- the papers' counts
 
@@ -198,16 +203,59 @@ def parallel_3d_sent(b, s, h, m, itemsize, tp, pp, dp, layers, first=True, last=
     return {g: {k: v for k, v in row.items() if v} for g, row in out.items()}
 
 
+# ----------------------------------------------------------------------------- gradient compression
+# (minidist/parallel/compression.py; the strategy calls these with its own numbers)
+
+
+def ring_bytes(n, size, rank, itemsize):
+    """Bytes `rank` sends in a ring all-reduce of n items of `itemsize` bytes."""
+    return ring_all_reduce_sent(n, size, rank) * itemsize
+
+
+def code_bytes(n, bits):
+    """Bytes of n values coded in `bits` bits each, rounded up: n for int8, ceil(n / 8) for 1 bit."""
+    return -(-n * bits // 8)
+
+
+def message_bytes(segments, itemsize, bits):
+    """Bytes of one chunk's message in the two-phase exchange: per segment (its length in
+    `segments`) one scale of `itemsize` bytes and its payload, code_bytes(length, bits)."""
+    return sum(itemsize + code_bytes(m, bits) for m in segments)
+
+
+def two_phase_sent(messages, rank):
+    """Bytes `rank` sends in the two-phase exchange (1-bit Adam's compressed_allreduce, Tang
+    et al. 2021) of chunks whose messages are `messages` bytes (one per rank): phase 1 (an
+    all-to-all) sends every chunk but the rank's own, phase 2 (a ring all-gather) every one
+    but its right neighbour's: about 2 (N-1)/N x (the compressed size)."""
+    n_d = len(messages)
+    if n_d == 1:
+        return 0
+    return 2 * sum(messages) - messages[rank] - messages[(rank + 1) % n_d]
+
+
 def onebit_adam_sent(n, n_d, rank, itemsize):
     """Bytes `rank` sends in one compressed step of 1-bit Adam (Tang et al. 2021; DeepSpeed's
     compressed_allreduce) over n momentum values: the flat vector cut into n_d chunks
     (numpy.array_split's sizes), chunk j's message = one scale (itemsize bytes) + its signs
-    packed 8 per byte, ceil(c_j / 8). Phase 1 (all-to-all) sends every chunk but the rank's
-    own, phase 2 (ring all-gather of the servers' chunks) every one but its right
-    neighbour's: about 2 (n_d-1)/n_d x (n/8 + itemsize), 1/32 of fp32's 2 (n_d-1)/n_d x 4n."""
-    from minidist.plan.collectives import chunk_bounds
-    if n_d == 1:
-        return 0
+    packed 8 per byte, ceil(c_j / 8); two_phase_sent of those: about
+    2 (n_d-1)/n_d x (n/8 + itemsize), 1/32 of fp32's 2 (n_d-1)/n_d x 4n."""
     b = chunk_bounds(n, n_d)
-    msg = [itemsize + -(-(b[j + 1] - b[j]) // 8) for j in range(n_d)]
-    return 2 * sum(msg) - msg[rank] - msg[(rank + 1) % n_d]
+    return two_phase_sent([message_bytes([b[j + 1] - b[j]], itemsize, 1) for j in range(n_d)], rank)
+
+
+def powersgd_sent(matrices, vector_elements, n_d, rank, itemsize):
+    """Bytes `rank` sends in one PowerSGD step (Vogels et al. 2019): matrices [(n, m, r)],
+    all P's (n x r) in one ring all-reduce, all Q's (m x r) in another, the vectors'
+    `vector_elements` uncompressed in a third."""
+    p = sum(n * r for n, _, r in matrices)
+    q = sum(m * r for _, m, r in matrices)
+    return sum(ring_bytes(c, n_d, rank, itemsize) for c in (p, q, vector_elements))
+
+
+def compressed_run_sent(steps, warmup_steps, uncompressed, compressed):
+    """Bytes over `steps` steps from the start: the warm-up's uncompressed steps, then
+    compressed ones. Over a long run with warm-up fraction w, 1 bit sends
+    1/(w + (1-w)/32) times less than fp32."""
+    w = min(steps, warmup_steps)
+    return w * uncompressed + (steps - w) * compressed
