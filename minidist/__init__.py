@@ -16,9 +16,3 @@ got slower, so it is left off; set it for compute-heavy runs such as long pipeli
 from minidist import failfast as _failfast
 
 _failfast.install()
-
-
-def checkpoint(fn, *inputs):
-    """fn(*inputs) with its activations recomputed in backward (minidist/recompute.py)."""
-    from minidist.recompute import checkpoint as _checkpoint   # late: keep `import minidist` light
-    return _checkpoint(fn, *inputs)

@@ -284,7 +284,7 @@ class GradScaler:
         self.found_inf, self.skipped, self.history = False, 0, []
 
     def unscale_(self, params):
-        grads, found = _lookup("unscale_grads")([p.grad for p in params], self.scale)
+        grads, found = unscale_grads([p.grad for p in params], self.scale)
         if self.comm is not None and self.comm.Get_size() > 1:
             from minidist.comm import agree
             found = not agree(self.comm, not found)
@@ -302,7 +302,7 @@ class GradScaler:
                 self.good_steps = 0
                 return
         before = self.scale
-        self.scale, self.good_steps = _lookup("update_scale")(
+        self.scale, self.good_steps = update_scale(
             self.scale, self.good_steps, self.found_inf, self.growth_factor, self.backoff_factor,
             self.growth_interval)
         self.scale = max(self.scale, self.min_scale)
@@ -316,9 +316,3 @@ class GradScaler:
     def load_state_dict(self, d):
         self.scale, self.good_steps, self.skipped = float(d["scale"]), int(d["good_steps"]), int(d["skipped"])
         self.hysteresis_left = int(d.get("hysteresis_left", self.hysteresis))
-
-
-def _lookup(name):
-    """This module's function `name`, looked up when it runs (the grader plugs answers in)."""
-    import sys
-    return getattr(sys.modules[__name__], name)

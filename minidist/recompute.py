@@ -9,7 +9,9 @@ saves them). When backward reaches that node it runs fn again, this time recordi
 from the saved inputs, and backpropagates through the graph just rebuilt: the
 parameters fn uses get their gradients there (the inner backward adds into their
 .grad, hooks included), the inputs get theirs from the node. Chen et al. 2016
-(arXiv 1604.06174); Megatron's "full" recomputation checkpoints every layer.
+(arXiv 1604.06174); Megatron's "full" recomputation checkpoints every layer. Its name
+is minidist.recompute.checkpoint (PyTorch's torch.utils.checkpoint); the package
+minidist.checkpoint is the other meaning, a run's saved state.
 
 Exact, not approximate: the rerun is the same arithmetic on the same arrays, and dropout
 draws the same masks because a DropoutRNG's mask depends on (seed, step, sample, call

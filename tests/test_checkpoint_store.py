@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from minidist.checkpoint import cli, store
+from minidist.checkpoint import read as reader
 from minidist.checkpoint import format as format_
 from minidist.checkpoint.format import (CheckpointError, read_header, read_safetensors, read_tensor,
                                         write_safetensors)
@@ -127,8 +128,8 @@ def test_save_then_read_whole_tensors_and_regions(tmp_path, monkeypatch):
     assert index["meta"] == {"layout": {"kind": "test"}, "data": {"pos": 12}}
     assert index["tensors"]["w"]["shape"] == [6, 7] and index["tensors"]["v"]["dtype"] == "float32"
     read = []
-    monkeypatch.setattr(store, "read_tensor", lambda path, key, header: read.append(key) or read_tensor(path, key, header))
-    monkeypatch.setattr(store, "read_ranges", lambda path, key, ranges, header: read.append(key) or
+    monkeypatch.setattr(reader, "read_tensor", lambda path, key, header: read.append(key) or read_tensor(path, key, header))
+    monkeypatch.setattr(reader, "read_ranges", lambda path, key, ranges, header: read.append(key) or
                         format_.read_ranges(path, key, ranges, header))
     assert np.array_equal(store.read_region(path, index, "w", box=[[4, 6], [2, 5]]), (W + 3)[4:6, 2:5])
     assert np.array_equal(store.read_region(path, index, "v", flat=[6, 9]), (V + 3)[6:9])

@@ -10,13 +10,14 @@ not replayed, activations saved anyway) are caught.
 """
 import argparse
 import math
+import types
 
 import numpy as np
 import pytest
 
 import minidist
 from minidist import recompute
-from minidist.lessons import common, harness
+from minidist import equivalence
 from minidist.model import GPT, GPTConfig
 from minidist.plan.memory import recompute_peak_elements
 from minidist.rng import DropoutRNG
@@ -38,7 +39,7 @@ def _train(policy, k=None, cfg=None, steps=2):
     model = GPT(cfg, seed=3).set_recompute(policy, k)
     tc = TrainConfig(batch_size=4, max_iters=steps, learning_rate=1e-2, warmup_iters=1, grad_clip=0.05, seed=3)
     opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate)
-    losses, state, _ = common.train_and_collect(model, opt, data, args, tc, micro=2)
+    losses, state, _ = equivalence.train_and_collect(model, opt, data, args, tc, micro=2)
     state["loss"] = np.array(losses)
     return state
 
@@ -52,7 +53,7 @@ def reference():
                                       ("selective", None)])
 def test_training_equals_no_recomputation(reference, policy, k):
     state = _train(policy, k)
-    rel, _, worst = harness.compare(state, reference)
+    rel, _, worst = equivalence.compare(state, reference)
     assert rel <= TOL, f"{policy}: max_rel_diff {rel:.2e} in {worst}"
     assert any(k.startswith("grad:") for k in state) and len(state) == len(reference)
 
@@ -71,7 +72,7 @@ def _masks_not_replayed(fn, inputs, counters, grad):
 
 def test_masks_not_replayed_fail_the_comparison(reference, monkeypatch):
     monkeypatch.setattr(recompute, "checkpoint_backward", _masks_not_replayed)
-    rel, _, worst = harness.compare(_train("full"), reference)
+    rel, _, worst = equivalence.compare(_train("full"), reference)
     assert rel > 1e-3, f"not replaying the dropout masks went unnoticed ({rel:.1e})"
     assert worst.startswith("grad:") or worst.startswith("weight:")
 
@@ -100,7 +101,7 @@ def test_peak_equals_the_count_and_the_input_gradient_is_unchanged(policy, dropo
     b, s, h, a = 2, cfg.block_size, cfg.n_embd, cfg.n_head
     count = recompute_peak_elements(policy, 5, b, s, h, a, dropout=dropout > 0, k=recompute.default_k(5)) * 8
     assert peak == count, f"{policy}: the meter read {peak} bytes, this engine's count is {count}"
-    assert harness.rel_diff(grad, want_grad)[0] <= TOL
+    assert equivalence.rel_diff(grad, want_grad)[0] <= TOL
 
 
 def test_switching_policies_on_one_model_equals_a_fresh_model():
@@ -118,7 +119,7 @@ def test_switching_policies_on_one_model_equals_a_fresh_model():
                 assert peak == fresh[pol][0], (f"{first} -> {then}" + (f" -> {first}" if pol is first else "")
                                                + f": peak {peak:,} B, a fresh model with {pol} peaks at "
                                                f"{fresh[pol][0]:,} B")
-                assert harness.rel_diff(grad, fresh[pol][1])[0] <= TOL
+                assert equivalence.rel_diff(grad, fresh[pol][1])[0] <= TOL
                 cores = [blk.attn.recompute_core for blk in model.transformer.h]
                 assert cores == [pol == "selective"] * cfg.n_layer, f"{first} -> {pol}: attention cores {cores}"
 
@@ -173,12 +174,21 @@ def test_checkpoint_of_a_function_with_parameters_and_no_grad_input():
         return (x @ w) * (x @ w)
     fn(x).sum().backward()
     want, w.grad = w.grad, None
-    y = minidist.checkpoint(fn, x)
+    y = recompute.checkpoint(fn, x)
     assert MEMORY.live_bytes >= 0 and y.requires_grad
     y.sum().backward()
     assert np.array_equal(w.grad, want)
     with no_grad():
-        assert not minidist.checkpoint(fn, x).requires_grad
+        assert not recompute.checkpoint(fn, x).requires_grad
+
+
+def test_the_checkpoint_package_is_a_plain_module_and_recompute_keeps_its_name():
+    """Two names for the two meanings of "checkpoint": the saved run is the package
+    minidist.checkpoint, an ordinary module (no class swapped to make it callable);
+    activation checkpointing is minidist.recompute.checkpoint."""
+    import minidist.checkpoint as package
+    assert type(package) is types.ModuleType and not callable(package)
+    assert minidist.checkpoint is package and callable(recompute.checkpoint)
 
 
 def test_a_rerun_that_moves_the_counter_is_refused(monkeypatch):
@@ -253,6 +263,6 @@ def test_a_pipeline_stage_recomputes_from_the_next_stages_gradient(policy, k):
         want, peak_none, _ = run("none", rank)
         got, peak, stage = run(policy, rank)
         assert stage.recompute.name == policy and len(stage.blocks()) == (3 if rank == 0 else 2)
-        rel, _, worst = harness.compare(got, want)
+        rel, _, worst = equivalence.compare(got, want)
         assert rel <= TOL, f"{policy}, stage {rank}: max_rel_diff {rel:.2e} at {worst}"
         assert peak < peak_none, f"{policy}, stage {rank}: peak {peak} not below none's {peak_none}"

@@ -1,6 +1,6 @@
 """Exercise 08: activation recomputation, the two halves of a checkpoint.
 
-minidist.checkpoint(fn, *inputs) is one node of the graph in place of fn's whole graph.
+minidist.recompute.checkpoint(fn, *inputs) is one node of the graph in place of fn's whole graph.
 Its forward runs fn keeping nothing inside it; its backward runs fn again, recording,
 and backpropagates through the graph it just rebuilt. The package's versions live in
 minidist/recompute.py under the same names; its Checkpoint Function calls them (the

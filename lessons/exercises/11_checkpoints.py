@@ -6,7 +6,7 @@ Two functions, each mirroring the package's by name and signature:
 - 11.1 `tp_regions` (minidist/checkpoint/layouts.py): the boxes of a global tensor that a
   tensor-parallel rank holds, and where each lies in its local shard. Saving writes these
   boxes; loading asks the checkpoint for exactly them.
-- 11.2 `copy_overlap` (minidist/checkpoint/store.py): resharding, one piece at a time:
+- 11.2 `copy_overlap` (minidist/checkpoint/read.py): resharding, one piece at a time:
   copy the part of a saved piece that lies inside the region a rank asks for.
 
 Both are plain NumPy in one process; the grader grades the file at 2 ranks, because

@@ -7,27 +7,17 @@
 
 Files, in reading order:
     format.py    safetensors, written and read by hand (no code runs on load; PyTorch reads it)
-    store.py     save (every rank its pieces, then one index, published atomically), resolve,
-                 read a global tensor or a region of it, verify
+    index.py     what a checkpoint is on disk: pieces (boxes, flat ranges), index.json,
+                 `latest`, and the coverage rule (every element written exactly once)
+    store.py     save: every rank its pieces, then one index, published atomically
+    read.py      resolve, read a global tensor or a region of it (only the bytes that
+                 overlap), verify
     layouts.py   which pieces of which global tensors a rank holds under each strategy, and
                  how it fills its model and optimizer from a checkpoint saved under any other
     cli.py       the command line above
 
-"Checkpoint" means two things in this field, and minidist has both. This package is the
-saved state of a run (PyTorch's torch.distributed.checkpoint). The older meaning is
-activation checkpointing, lesson 08's `minidist.checkpoint(fn, *inputs)` (PyTorch's
-torch.utils.checkpoint): that call still works, because this module is callable and
-hands such a call to minidist.recompute.checkpoint.
+"Checkpoint" means two things in this field, and minidist has both, under two names. This
+package is the saved state of a run (PyTorch's torch.distributed.checkpoint). The older
+meaning is activation checkpointing (PyTorch's torch.utils.checkpoint), lesson 08's
+`minidist.recompute.checkpoint(fn, *inputs)`: it lives in minidist/recompute.py.
 """
-import sys
-import types
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, fn, *inputs):
-        """minidist.checkpoint(fn, *inputs): activation recomputation (minidist/recompute.py)."""
-        from minidist.recompute import checkpoint
-        return checkpoint(fn, *inputs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -38,7 +38,8 @@ import numpy as np
 
 from minidist.checkpoint.format import (CheckpointError, dtype_from_name, read_header,
                                         read_safetensors, write_safetensors)
-from minidist.checkpoint.store import load_index, read_global, resolve, save, verify
+from minidist.checkpoint.read import load_index, read_global, resolve, verify
+from minidist.checkpoint.store import save
 
 MODEL = "model."
 EMBEDDINGS = ("transformer.wte.weight", "transformer.wpe.weight")

@@ -27,6 +27,12 @@ tensor read in C order (a ZeRO partition). What a rank writes under each layout:
                                     first and the last stage, written once), as above
     expert parallelism              experts [lo, hi) of E: a box of the stacked tensors
 
+Each strategy reports what it holds (Strategy.checkpoint_pieces and the other checkpoint_*
+hooks of minidist/parallel/strategy.py): ZeRO and FSDP their partitions; the default reads
+the model, whose parts say how they are cut (TensorParallelGPT.tensor_parallel, a
+pipeline stage's tensor_parallel, ExpertParallelMoE.held_experts). This file does not
+reach into a strategy's internals.
+
 Loading is the same for every layout: a rank asks the checkpoint for exactly the regions
 its new layout holds (a box, or a flat range), whatever layout wrote them; the store
 assembles each region from the pieces that overlap it. So a checkpoint saved by ZeRO-3
@@ -49,17 +55,6 @@ class Held:
 
     def key(self):
         return [self.name, sorted(self.region.items())]
-
-
-def _flat_spans(group):
-    """(piece, owner parameter, name, a, b) for each piece of a flat_shards.Group: the
-    piece holds elements [a, b) of its parameter, flattened in C order."""
-    out = []
-    for q, p, label in zip(group.pieces, group.owner, group.names_of_pieces):
-        name, span = label.rsplit("[", 1)
-        a, b = (int(v) for v in span.rstrip("]").split(":"))
-        out.append((q, p, name, a, b))
-    return out
 
 
 def tp_regions(full_shape, spec, rank, t):
@@ -93,24 +88,24 @@ def tp_regions(full_shape, spec, rank, t):
 
 def held_pieces(model, opt, zero=None):
     """Every region of every global tensor this rank holds (replicas included), and the
-    AdamW states it read them from.
+    AdamW states it read them from: what the strategy reports (Strategy.checkpoint_pieces).
 
     model: a GPT, a TensorParallelGPT, a PipelineGPT (over either), whatever holds the
     parameters under the single-process names; opt: its AdamW; zero: a ZeRO (stages
     1-3, FSDP) over `model`, whose partitions are then the pieces."""
+    return _strategy(zero).checkpoint_pieces(model, opt)
+
+
+def _strategy(zero):
+    """The strategy whose pieces a checkpoint holds: ZeRO's partitions, or the model's own."""
+    from minidist.parallel.strategy import Strategy
+    return zero if zero is not None else Strategy()
+
+
+def model_pieces(model, opt):
+    """The pieces of a model that holds whole tensors, tensor-parallel shards (tp_regions),
+    a pipeline stage's layers or expert-parallel experts (Strategy.checkpoint_pieces)."""
     out, states = [], []
-    if zero is not None:
-        shapes = {n: tuple(sh) for g in zero.groups for n, sh in zip(g.names, g.shapes)}
-        for g in zero.groups:
-            for q, _, name, a, b in _flat_spans(g):
-                region = {"flat": [a, b]}
-                out.append(Held(f"model.{name}", shapes[name], region, q.data.reshape(-1)))
-                s = zero.inner.state.get(id(q))
-                states.append(s)
-                if s is not None:
-                    out.append(Held(f"optim.exp_avg.{name}", shapes[name], region, s["exp_avg"].reshape(-1)))
-                    out.append(Held(f"optim.exp_avg_sq.{name}", shapes[name], region, s["exp_avg_sq"].reshape(-1)))
-        return out, states
     tp = _tensor_parallel_of(model)
     experts = expert_slices(model)
     masters = getattr(opt, "master", None)       # precision.MixedPrecision: fp32 masters are the record
@@ -132,7 +127,8 @@ def held_pieces(model, opt, zero=None):
             continue
         s = _states_of(opt).get(id(p)) if opt is not None else None
         states.append(s)
-        regions = _lookup("tp_regions")(full_shape, spec, getattr(tp, "tp_rank", 0), getattr(tp, "tp", 1))
+        rank, t = (tp.tp_rank, tp.tp) if tp is not None else (0, 1)
+        regions = tp_regions(full_shape, spec, rank, t)      # a module global: exercise 11.1's plug-in
         for box, index in regions:
             region = {"box": box}
             out.append(Held(f"model.{name}", full_shape, region, p.data[index]))
@@ -142,15 +138,33 @@ def held_pieces(model, opt, zero=None):
     return out, states
 
 
+def model_tensors(model):
+    """[(name, global shape, dtype)] of a model's parameters (Strategy.checkpoint_tensors)."""
+    tp, experts = _tensor_parallel_of(model), expert_slices(model)
+    return [(n, (experts[n][2],) + tuple(p.shape[1:]) if n in experts else
+             tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
+            for n, p in model.named_parameters()]
+
+
+def model_params(model, opt):
+    """The tensors `opt` keeps AdamW state for: the model's parameters, or their fp32
+    masters under mixed precision (Strategy.checkpoint_params)."""
+    params = list(model.parameters())
+    if hasattr(opt, "master"):
+        params = [opt.master[id(p)] for p in params]
+    return params
+
+
 def expert_slices(model):
     """{parameter name: (lo, hi, E)} of the expert weights an expert-parallel layer holds
     (minidist/parallel/expert_parallel.py: experts [lo, hi) of E, stacked on the first axis)."""
     out = {}
     for prefix, m in model.named_modules() if hasattr(model, "named_modules") else []:
-        if hasattr(m, "ep_comm") and hasattr(m, "lo"):
+        held = getattr(m, "held_experts", None)       # an ExpertParallelMoE says which it holds
+        if held is not None:
             for sub in ("c_fc", "c_proj"):
                 for n, _ in getattr(m, sub).named_parameters():
-                    out[f"{prefix}{sub}.{n}"] = (m.lo, m.hi, m.n_expert)     # (prefix ends with a dot)
+                    out[f"{prefix}{sub}.{n}"] = held()     # (prefix ends with a dot)
     return out
 
 
@@ -160,15 +174,9 @@ def _states_of(opt):
 
 
 def _tensor_parallel_of(model):
-    """The TensorParallelGPT a model is (or a pipeline stage was cut from), else None."""
-    if hasattr(model, "specs") and hasattr(model, "full_shapes"):
-        return model
-    ends = getattr(model, "_ends", (None, None))
-    for end in ends:
-        owner = getattr(end, "__self__", None)
-        if owner is not None and hasattr(owner, "specs"):
-            return owner
-    return None
+    """The TensorParallelGPT a model is (or a pipeline stage was cut from), else None:
+    each says so (TensorParallelGPT.tensor_parallel, PipelineGPT.tensor_parallel)."""
+    return getattr(model, "tensor_parallel", None)
 
 
 def _step_of(states):
@@ -229,7 +237,7 @@ def pieces_of(model, opt, comm, zero=None):
     step = _agreed_step(comm, _step_of(states))
     out = [{"name": h.name, "global_shape": h.shape, "dtype": h.local.dtype,
             "array": np.asarray(h.local, order="C"), **h.region} for h in writers(comm, held)]
-    frozen = _agreed_step(comm, _v_step_of(opt, zero, states))
+    frozen = _agreed_step(comm, _v_step_of(_strategy(zero).checkpoint_optimizer(opt), states))
     if comm.Get_rank() == 0:     # (np.asarray keeps a 0-d array 0-d; ascontiguousarray would not)
         out.append({"name": STEP, "global_shape": (), "dtype": np.dtype(np.int64),
                     "array": np.array(step, np.int64), "box": []})
@@ -239,11 +247,11 @@ def pieces_of(model, opt, comm, zero=None):
     return out, step
 
 
-def _adamw_of(opt, zero=None):
-    """The AdamW inside a wrapper (ZeRO, MixedPrecision, OneBitAdam: each keeps it as
-    .inner), or None (no optimizer, or another kind)."""
+def _adamw_of(opt):
+    """The AdamW inside a wrapper (MixedPrecision, OneBitAdam: each keeps it as .inner),
+    or None (no optimizer, or another kind)."""
     from minidist.optim import AdamW
-    o = zero.inner if zero is not None else opt
+    o = opt
     for _ in range(4):                   # wrappers of wrappers: a few levels at most
         if o is None or isinstance(o, AdamW):
             return o
@@ -251,10 +259,10 @@ def _adamw_of(opt, zero=None):
     return None
 
 
-def _v_step_of(opt, zero, states):
+def _v_step_of(opt, states):
     """The step AdamW's variance was frozen at (0: not frozen, or no state yet); the
     parameters' v_step must agree, as their step counts do."""
-    adamw = _adamw_of(opt, zero)
+    adamw = _adamw_of(opt)
     if adamw is None or not adamw.variance_frozen:
         return 0
     v_steps = {int(s["v_step"]) for s in states if s is not None and "v_step" in s}
@@ -281,13 +289,7 @@ def _op(name):
 def expected_tensors(model, zero=None, with_optimizer=True):
     """{global name: (shape, dtype)} of the tensors this rank holds part of: what the
     checkpoint must hold for it, at these shapes."""
-    if zero is not None:
-        named = [(n, tuple(s), g.dtype) for g in zero.groups for n, s in zip(g.names, g.shapes)]
-    else:
-        tp, experts = _tensor_parallel_of(model), expert_slices(model)
-        named = [(n, (experts[n][2],) + tuple(p.shape[1:]) if n in experts else
-                  tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
-                 for n, p in model.named_parameters()]
+    named = _strategy(zero).checkpoint_tensors(model)
     out = {f"model.{n}": (s, np.dtype(d)) for n, s, d in named}
     if with_optimizer:
         for n, s, d in named:
@@ -304,29 +306,25 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
     read(name, region): the store's reader of one region ({"box": ...} or {"flat": ...})."""
     step = int(read(STEP, {"box": []})) if STEP in index["tensors"] else 0
     v_step = int(read(V_STEP, {"box": []})) if V_STEP in index["tensors"] else 0
-    target = zero.inner if zero is not None else opt
+    strategy = _strategy(zero)
+    target = strategy.checkpoint_optimizer(opt)
     # AdamW's state appears when the first step runs; a resumed run needs it now
-    params = ([q for g in zero.groups for q in g.pieces] if zero is not None else list(model.parameters()))
-    if zero is None and hasattr(opt, "master"):
-        params = [opt.master[id(p)] for p in params]
+    params = strategy.checkpoint_params(model, opt)
     if step and target is not None:
-        states = _states_of(target) if zero is None else target.state
+        states = _states_of(target)
         for q in params:
             # v_step: v's bias-correction step, which is the step itself until v is frozen
             states[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data),
                              "v_step": v_step or step}
-        adamw = _adamw_of(opt, zero)
+        adamw = _adamw_of(target)
         if adamw is not None:
             adamw.variance_frozen = bool(v_step)
-    held, _ = held_pieces(model, target if zero is None else opt, zero)
+    held, _ = strategy.checkpoint_pieces(model, opt)
     for h in held:
         if h.name.startswith("optim.") and not step:
             continue
         h.local[...] = read(h.name, h.region).reshape(h.local.shape)
-    if zero is not None and zero.stage < 3:     # the whole weights on every rank, as after a step
-        from minidist.comm import ring_all_gather
-        for g in zero.groups:
-            g.write_back(ring_all_gather(zero.comm, g.flat_data()[g.lo:g.hi]))
+    strategy.checkpoint_loaded()                # ZeRO 1, 2: the whole weights on every rank
     if zero is None and hasattr(opt, "master"):  # the 16-bit weights: the masters rounded, as after a step
         for i, p in enumerate(opt.params):
             opt.weights16[i][...] = opt.master[id(p)].data.astype(opt.dt)
@@ -339,8 +337,9 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
 def layout_of(comm, zero=None, model=None):
     """The layout's description, kept in the index (`show` prints it)."""
     n = comm.Get_size()
-    if zero is not None:
-        return {"kind": f"zero{zero.stage}", "ranks": n}
+    kind = _strategy(zero).checkpoint_layout(model)
+    if kind:
+        return {"kind": kind, "ranks": n}
     tp = _tensor_parallel_of(model) if model is not None else None
     pp = getattr(model, "p", None) if model is not None and hasattr(model, "stages") else None
     parts = ([f"tp{tp.tp}"] if tp is not None else []) + ([f"pp{pp}"] if pp else [])
@@ -448,7 +447,7 @@ def load(comm, path, model, opt, zero=None):
 
 def agreed(comm, fn):
     """fn() on every rank; a CheckpointError on any rank becomes the same error on all
-    (store._agree: the lowest failing rank's words, broadcast)."""
+    (store.agree: the lowest failing rank's words, broadcast)."""
     from minidist.checkpoint import store
     from minidist.checkpoint.format import CheckpointError
     error, result = None, None
@@ -456,11 +455,6 @@ def agreed(comm, fn):
         result = fn()
     except CheckpointError as e:
         error = str(e)
-    store._agree(comm, error)
+    store.agree(comm, error)
     return result
 
-
-def _lookup(name):
-    """This module's function `name`, looked up when it runs (the grader plugs answers in)."""
-    import sys
-    return getattr(sys.modules[__name__], name)
