@@ -9,7 +9,7 @@ import pytest
 from minidist import metrics
 from minidist.model import GPTConfig
 from minidist.parallel import schedules
-from minidist.plan import flops, memory, pipeline, traffic
+from minidist.plan import collectives, flops, memory, pipeline, traffic
 
 # (B, s, L, h, V, heads): GPT-3 175B and 1T as Narayanan et al. 2021 Table 1 run them, a small one
 GPT_SHAPES = [(1536, 2048, 96, 12288, 51200, 96), (2048, 2048, 128, 25600, 51200, 160),
@@ -142,6 +142,108 @@ def test_in_flight_is_the_simulators_peak():
                 assert pipeline.in_flight(p, m, v) == Fraction(sim.peak[0], v)
                 if v * m >= v * p + p - 1:
                     assert pipeline.in_flight(p, m, v) == p * (1 + Fraction(p - 1, p * v))
+
+
+@pytest.mark.parametrize("costs", [(1, 2, 1), (2, 3, 1), (2, 5, 2)])
+def test_idle_times_are_the_simulators_on_every_rank(costs):
+    """1F1B idles (p-1)(f+B+W), ZB-H1 (p-1)(f+B-W) (Qi et al. 2024, section 2.1) on every
+    rank of the simulated schedule, m >= p, for any f, B = b - w, W = w; lesson 04 prints
+    them beside its measured F, B, W."""
+    f, b, w = costs
+    for p in range(1, 6):
+        for m in range(p, 10):
+            for name in ("1f1b", "zb-h1"):
+                sim = schedules.simulate(schedules.build(name, p, m), p, m, costs=costs)
+                want = pipeline.idle_time(name, p, f, b - w, w)
+                assert [sim.total - x for x in sim.busy] == [want] * p, (name, p, m)
+    with pytest.raises(ValueError, match="idle_time knows"):
+        pipeline.idle_time("gpipe", 4, 1, 1, 1)
+
+
+def test_interleaved_warmup_and_latency_are_the_schedules():
+    """Rank r runs factor (p-r-1) + (v-1)p forwards, and then its first forward of the
+    steady state, before its first backward (at most m v: Megatron-LM's count, and the
+    factor-1 variant lesson 04 draws); over p > 1 ranks, messages of up to one cell lengthen
+    the step by 2 (pv-1) of them, the fill and the drain only."""
+    for p in range(1, 5):
+        for m in range(p, 3 * p + 1, p):
+            for v in (2, 3):
+                for k in (2, 1):
+                    sch = schedules.interleaved_1f1b(p, m, v, warmup_factor=k)
+                    first_b = [next((i for i, a in enumerate(sch[r]) if a[0] != "F"), len(sch[r]))
+                               for r in range(p)]
+                    assert first_b == [min(pipeline.warmup_forwards(p, m, v, r, k) + 1, m * v)
+                                       for r in range(p)], (p, m, v, k)
+                if p == 1:                      # one rank: its chunks send no messages
+                    continue
+                sch = schedules.interleaved_1f1b(p, m, v)
+                free = schedules.simulate(sch, p, m, v).total
+                for lam in (Fraction(1, 4), Fraction(1)):
+                    late = schedules.simulate(sch, p, m, v, latency=lam / v).total
+                    assert (late - free) * v == pipeline.latency_fill_drain(p, v, lam), (p, m, v, lam)
+
+
+def test_step_p2p_bytes_is_the_sum_of_every_stages_count():
+    """2 (pv-1) m b s h itemsize: traffic.pp_sent summed over the p v virtual stages."""
+    b, s, h, item, m = 2, 8, 16, 8, 4
+    for p, v in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 3)):
+        total = sum(traffic.pp_sent([k], p * v, [b] * m, s, h, item) for k in range(p * v))
+        assert pipeline.step_p2p_bytes(p, v, m, b, s, h, item) == total, (p, v)
+    assert pipeline.bubble_text("interleaved", 1) == pipeline.bubble_text("1f1b") == "(p-1)/(m+p-1)"
+
+
+# ----------------------------------------------------------------------------- memory: lessons 03-06
+
+
+def test_zero_gradient_peak_by_stage():
+    """Stage 0 holds Psi, stage 1 Psi + Psi/N (engine_state_bytes' gradients: the same rule);
+    stage 2 Psi until backward ends (+ Psi/N with micro-batches); the overlapped stage 2
+    and stage 3 bounds add what is in flight to Psi/N."""
+    psi, n, item = 1200, 4, 8
+    for stage in (0, 1):
+        assert memory.zero_grad_peak_bytes(stage, psi, n, item) == \
+            memory.engine_state_bytes(stage, psi, n, item)["grads"]
+    assert memory.zero_grad_peak_bytes(2, psi, n, item) == 9600
+    assert memory.zero_grad_peak_bytes(2, psi, n, item, micro_batches=2) == 9600 + 2400
+    assert memory.zero_grad_peak_bytes(2, psi, n, item, overlap=True, block=100, filling=64) == 2400 + 800 + 64
+    assert memory.zero_grad_peak_bytes(3, psi, n, item, root=300, block=100) == 2400 + 3200
+
+
+def test_fsdp_gathered_units_tp_weights_and_kv_cache():
+    """FSDP's peak: the root and the largest block (two with prefetch), every unit without
+    resharding. TP weights: 1/t of the sharded values and every replicated one. KV cache:
+    2 b s L h values, 1/t per rank."""
+    units = [50, 30, 70, 40]
+    assert memory.fsdp_gathered_units(units, prefetch=False) == [50, 70]
+    assert memory.fsdp_gathered_units(units) == [50, 70, 40]
+    assert memory.fsdp_gathered_units(units[:2]) == [50, 30]               # one block: nothing to prefetch
+    assert memory.fsdp_gathered_units(units, reshard=False) == units
+    assert memory.tp_weight_bytes(sharded=1000, replicated=24, t=4, itemsize=2) == (250 + 24) * 2
+    assert memory.kv_cache_bytes(1, 16, 2, 32, 8) == 2 * 16 * 2 * 32 * 8
+    assert memory.kv_cache_bytes(3, 16, 2, 32, 8, t=4) == 3 * 2 * 16 * 2 * 32 * 8 // 4
+
+
+# ----------------------------------------------------------------------------- collectives: lesson 01
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
+def test_alpha_beta_terms_are_the_time_formulas(n):
+    """The coefficients lesson 01 prints are the time functions' own: messages, bytes sent
+    and bytes added per byte of M (the fold of N - P ranks apart); and the ring's
+    2(N-1)/N M is the exact count where N divides the vector."""
+    for name, time in collectives.ALL_REDUCE_TIMES.items():
+        fold = 0 if name == "ring" else 1
+        a, b, g = collectives.alpha_beta_terms(name, n)
+        extra = fold * (n != collectives.power_of_two_below(n))       # 2 alpha + 2 M beta + M gamma
+        assert time(1000, n, 1, 0, 0) == a + 2 * extra, name
+        assert time(1000, n, 0, 1, 0) == pytest.approx(1000 * (b + 2 * extra), rel=1e-12), name
+        assert time(1000, n, 0, 0, 1) == pytest.approx(1000 * (g + extra), rel=1e-12), name
+    with pytest.raises(ValueError, match="unknown all-reduce"):
+        collectives.alpha_beta_terms("tree", n)
+    item = 8
+    for r in range(n):
+        assert collectives.ring_all_reduce_sent(12 * n, n, r) * item == \
+            collectives.ring_all_reduce_bytes(12 * n * item, n)
 
 
 # ------------------------------------------------------- traffic: exact = paper where it divides

@@ -27,8 +27,8 @@ from minidist.comm import (all_reduce, all_to_all, broadcast, chunk_bounds, mpi_
                            ring_all_gather, ring_all_reduce, ring_reduce_scatter, stats, tuning)
 from minidist.lessons import harness
 from minidist.lessons.harness import fmt_bytes, say
-from minidist.plan.collectives import (ALL_REDUCE_TIMES, BUS_FACTOR, crossover, formulas,
-                                       power_of_two_below)
+from minidist.plan.collectives import (ALL_REDUCE_TIMES, BUS_FACTOR, alpha_beta_terms, crossover,
+                                       formulas, power_of_two_below)
 
 # float32 sums of N numbers in another order differ by a few 1e-7 of the largest value;
 # float64 by a few 1e-16. The bounds leave a margin of 10-100 and still catch a wrong chunk.
@@ -86,7 +86,7 @@ def draw_ring(n):
         show(f"\n{phase} step {s} of {n - 1}: rank r sends {what}\n  ({moves})", set(new))
         if phase == "reduce-scatter" and s == n - 1:
             say("-> rank r now holds chunk #r summed over all ranks ('all'): that is reduce-scatter.")
-    say(f"-> every rank holds every chunk summed: all-reduce in 2(N-1) = {2 * (n - 1)} steps.\n")
+    say(f"-> every rank holds every chunk summed: all-reduce in 2(N-1) = {alpha_beta_terms('ring', n)[0]} steps.\n")
     return drawn, held
 
 
@@ -274,15 +274,16 @@ def alpha_beta(comm, n, M, repeats):
         return None
     c = tuning.calibrate(comm, big=M, repeats=max(repeats, 3))
     a, b, g = c["alpha"], c["beta"], c["gamma"]
-    p2, lg = power_of_two_below(n), power_of_two_below(n).bit_length() - 1
+    p2 = power_of_two_below(n)
+    ring, rab, rd = (alpha_beta_terms(k, n) for k in ("ring", "rabenseifner", "recursive_doubling"))
     say(f"\nalpha-beta model, N = {n}, P = {p2} (Thakur, Rabenseifner and Gropp 2005;")
     say("docs/reference.md#the-alpha-beta-cost-model): "
         "a per message, b per byte sent, g per byte added")
-    say(f"  ring           2(N-1) a + 2(N-1)/N M b + (N-1)/N M g  = {2 * (n - 1)} a + "
-        f"{2 * (n - 1) / n:.2f} M b + {(n - 1) / n:.2f} M g")
-    say(f"  Rabenseifner   2 lg P a + 2(P-1)/P M b + (P-1)/P M g  = {2 * lg} a + "
-        f"{2 * (p2 - 1) / p2:.2f} M b + {(p2 - 1) / p2:.2f} M g")
-    say(f"  rec. doubling  lg P (a + M b + M g)                   = {lg} (a + M b + M g)")
+    say(f"  ring           2(N-1) a + 2(N-1)/N M b + (N-1)/N M g  = {ring[0]} a + "
+        f"{ring[1]:.2f} M b + {ring[2]:.2f} M g")
+    say(f"  Rabenseifner   2 lg P a + 2(P-1)/P M b + (P-1)/P M g  = {rab[0]} a + "
+        f"{rab[1]:.2f} M b + {rab[2]:.2f} M g")
+    say(f"  rec. doubling  lg P (a + M b + M g)                   = {rd[0]} (a + M b + M g)")
     if n != p2:
         ranks = f"{n - p2} rank{'s' * (n - p2 > 1)}"
         say(f"  and both of the last two fold {ranks} in first and out at the end: "

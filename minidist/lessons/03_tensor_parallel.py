@@ -34,6 +34,8 @@ from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.tensor_parallel import padded_vocab, vocab_range
 from minidist.parallel.tp_formulas import expected_bytes
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, gather
+from minidist.plan.collectives import ring_all_reduce_bytes
+from minidist.plan.memory import tp_weight_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -203,7 +205,8 @@ def main(args):
     if sp:
         other_variant(model, per_dp, cfg.block_size, got, bool(args.grad_clip), grid)
     logits = per_dp * cfg.block_size * padded_vocab(cfg.vocab_size, tp) * np.dtype(cfg.dtype).itemsize
-    say(f"  never the logits: one all-reduce of the b*s*v logits would send {fmt_bytes(2 * logits * (tp - 1) // tp)} alone")
+    say(f"  never the logits: one all-reduce of the b*s*v logits would send "
+        f"{fmt_bytes(ring_all_reduce_bytes(logits, tp))} alone")
 
     # --- memory per rank
     item = np.dtype(cfg.dtype).itemsize
@@ -211,7 +214,7 @@ def main(args):
     sharded += (padded_vocab(cfg.vocab_size, tp) - cfg.vocab_size) * cfg.n_embd
     replicated = sum(int(np.prod(s)) for n, s in model.full_shapes.items() if n not in model.specs)
     params = sum(p.data.nbytes for p in model.parameters())
-    weights_formula = (sharded // tp + replicated) * item
+    weights_formula = tp_weight_bytes(sharded, replicated, tp, item)
     say("\nmemory per rank")
     harness.table([["weights", fmt_bytes(params), f"{fmt_bytes(weights_formula)} = 1/{tp} of {sharded:,} sharded "
                     f"+ {replicated:,} replicated values"],

@@ -25,10 +25,13 @@ the input gradients and W the linears' weight gradients (a real split of the bac
 lesson times both, runs 1F1B on a copy of the model for the same steps, and prints each one's
 idle time per rank: the simulator's (with the measured F, B, W) first, then the run's.
 """
+# Over 400 lines as one idea: the schedule and its run, each figure measured beside its
+# simulator and formula, cut into the numbered sections main() calls in order.
 import argparse
 import os
 import textwrap
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -41,7 +44,8 @@ from minidist.parallel import schedules
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import (EXTRA_LAYERS, PipelineGPT, PipelineParallel,
                                                  expected_p2p_bytes, split_layers)
-from minidist.plan.pipeline import bubble_fraction, live_chunks
+from minidist.plan.pipeline import (bubble_fraction, bubble_text, idle_time, latency_fill_drain, live_chunks,
+                                    p2p_bytes, step_p2p_bytes, warmup_forwards)
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -110,7 +114,11 @@ def measured_timeline(pp_runner, comm):
     return out
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The input checked, the grid and the schedule built, the run described: the lesson's
+    state, which the sections below read and add to."""
     comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
@@ -129,90 +137,116 @@ def main(args):
         + f", {m} micro-batches of b={per_dp // m}")
     say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}\n")
     stage_table(split_layers(cfg.n_layer, pp * v, args.extra_layers), pp, v, cfg.n_layer)
+    return SimpleNamespace(args=args, comm=comm, world=world, cfg=cfg, pp=pp, v=v, m=m, data=data, grid=grid,
+                           sched=sched, per_dp=per_dp)
 
-    # --- the schedule as data: the picture and the simulator
-    sim = schedules.simulate(sched, pp, m, v)
-    bubble_formula = bubble_fraction(args.schedule, pp, m, v)
+
+# -------------------------------------------------------------------------- 2. the schedule as data
+
+def schedule_section(run):
+    """The picture and the simulator (with --latency, also the simulation with messages that
+    take time, and with --chunks the warm-up's factor 2)."""
+    args, pp, m, v = run.args, run.pp, run.m, run.v
+    run.sim = schedules.simulate(run.sched, pp, m, v)
+    run.bubble_formula = bubble_fraction(args.schedule, pp, m, v)
     lam = None if args.latency is None else Fraction(args.latency).limit_denominator(1000)   # in cells
-    late = None if lam is None else schedules.simulate(sched, pp, m, v, latency=lam / v)
+    run.late = None if lam is None else schedules.simulate(run.sched, pp, m, v, latency=lam / v)
     say("\nthe schedule, time in units of one chunk's forward (F = 1, B = 2"
         + (",\nsplit into B = 1 and W = 1" if args.schedule == "zb-h1" else "") + "; '.' is the bubble)"
         + ("" if lam is None else f",\nmessages taking {args.latency:g} of a cell (--latency; each action drawn "
            "from the cell nearest its start)"))
-    say(schedules.picture(sched, v, latency=0 if lam is None else lam / v, width=WIDTH))
+    say(schedules.picture(run.sched, v, latency=0 if lam is None else lam / v, width=WIDTH))
     if lam is not None:
-        say(f"  one step: {_cells(sim.total * v)} cells with free messages, {_cells(late.total * v)} with "
-            f"messages of {args.latency:g}: bubble {float(sim.bubble):.4f} -> {float(late.bubble):.4f}")
-    factor_figures = warmup_factor_report(pp, m, v, lam, args.latency) if lam is not None and v > 1 else {}
+        say(f"  one step: {_cells(run.sim.total * v)} cells with free messages, {_cells(run.late.total * v)} with "
+            f"messages of {args.latency:g}: bubble {float(run.sim.bubble):.4f} -> {float(run.late.bubble):.4f}")
+    run.factor_figures = warmup_factor_report(pp, m, v, lam, args.latency) if lam is not None and v > 1 else {}
 
-    # --- the pipeline run
-    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
-                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    model = PipelineGPT(GPT(cfg, seed=args.seed), pp, grid.pp_rank, v, args.extra_layers)
+
+# ----------------------------------------------------------------------- 3. the run and one process
+
+def pipeline_run(run):
+    """Train the pipeline (with --pp below the world size, data-parallel replicas of it)."""
+    args, cfg, grid = run.args, run.cfg, run.grid
+    run.tc = tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                              min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    run.model = model = PipelineGPT(GPT(cfg, seed=args.seed), run.pp, grid.pp_rank, run.v, args.extra_layers)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
-    runner = PipelineParallel(model, grid.pp_comm, args.schedule, m, dp)
-    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
-    rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
+    run.runner = PipelineParallel(model, grid.pp_comm, args.schedule, run.m, dp)
+    run.opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    run.rows = slice(grid.dp_rank * run.per_dp, (grid.dp_rank + 1) * run.per_dp)
     MEMORY.reset_peak()
-    with stats.measure() as meas:
-        losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, m, runner)
-    act_peak = MEMORY.peak_bytes
-    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
+    with stats.measure() as run.meas:
+        losses, run.state, run.times = common.train_and_collect(model, run.opt, run.data, args, tc, run.rows,
+                                                                run.m, run.runner)
+    run.act_peak = MEMORY.peak_bytes
+    run.losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
 
-    # --- the reference: one process, the whole model and batch; each rank compares what it holds
+
+def compare_section(run):
+    """The reference: one process, the whole model and batch; each rank compares what it holds."""
+    args, cfg, comm, grid, tc, state = run.args, run.cfg, run.comm, run.grid, run.tc, run.state
     ref = GPT(cfg, seed=args.seed)
     ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
-    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
+    run.ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, run.data, args, tc)
     mine = {k: ref_state[k] for k in state}
-    state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
+    state["loss"], mine["loss"] = np.array(run.losses), np.array(run.ref_losses)
     rel, abs_diff, _ = harness.compare(state, mine)
-    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
-    held = {n for n, _ in model.named_parameters()}
+    run.rel, run.abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    held = {n for n, _ in run.model.named_parameters()}
     everything = {n for n, _ in ref.named_parameters()}
     covered = set().union(*[set(x) for x in _allgather_names(grid.pp_comm, held)])
-    tol = harness.TOLERANCE[cfg.dtype]
-    match = bool(rel <= tol) and covered == everything
-
-    common.report_comparison(comm, f"pp={pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), ref_losses,
-                             losses, state, mine, tol,
+    run.tol = harness.TOLERANCE[cfg.dtype]
+    run.match = bool(run.rel <= run.tol) and covered == everything
+    common.report_comparison(comm, f"pp={run.pp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), run.ref_losses,
+                             run.losses, state, mine, run.tol,
                              notes=["each stage against the same names of the whole model; wte on the first "
                                     "and the last stage"])
     if covered != everything:
         say(f"  parameters no stage holds: {sorted(everything - covered)}")
 
-    # --- the bubble: simulated, formula, measured (the last step's timeline)
-    tl = measured_timeline(runner, comm)
+
+# ------------------------------------------------------------------------------------ 4. the bubble
+
+def bubble_section(run):
+    """Each rank's idle fraction: simulated, by formula, measured (the last step's timeline);
+    under zb-h1 also the idle times of ZB-H1 and 1F1B (zero_bubble_report)."""
+    args, comm, grid, world, sim, late = run.args, run.comm, run.grid, run.world, run.sim, run.late
+    run.tl = tl = measured_timeline(run.runner, comm)
     tl[:, :, 3:] -= tl[:, :, 3].min()       # perf_counter: one monotonic clock for the processes of a node
     span = tl[:, :, 4].max() - tl[:, :, 3].min()
-    idle = [1 - float((tl[r, :, 4] - tl[r, :, 3]).sum()) / span for r in range(world)]
+    run.idle = idle = [1 - float((tl[r, :, 4] - tl[r, :, 3]).sum()) / span for r in range(world)]
     say("\nthe bubble: idle fraction of each rank's time in one step")
     sims = [sim] + ([] if late is None else [late])
     harness.table([[f"rank {r}" + ("" if grid.dp == 1 else f" (stage {grid.coords(r)[1]})")]
                    + [f"{float(1 - x.busy[grid.coords(r)[1]] / x.total):.3f}" for x in sims] + [f"{idle[r]:.3f}"]
                    for r in range(world)],
                   header=["", "simulated"] + ([] if late is None else [f"latency {args.latency:g}"]) + ["measured"])
-    fname = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
-             "interleaved": "(p-1)/(v m+p-1)", "zb-h1": "(p-1)(f+B-W)/T, Qi et al."}[args.schedule]
-    if args.schedule == "interleaved" and v == 1:
-        fname = "(p-1)/(m+p-1)"
-    sim_b, meas_b = float(sim.bubble), float(np.mean(idle))
-    exact = sim.bubble == bubble_formula
-    say(f"  whole pipeline: simulated {sim_b:.4f} ({sim.bubble}), formula {fname} = {float(bubble_formula):.4f}"
-        f" ({bubble_formula}),\n  measured {meas_b:.3f}"
-        + ("; simulated = formula" if exact else "; the formula assumes m >= p" if m < pp else "")
+    fname = bubble_text(args.schedule, run.v)
+    run.sim_b, run.meas_b = sim_b, meas_b = float(sim.bubble), float(np.mean(idle))
+    formula = run.bubble_formula
+    exact = sim.bubble == formula
+    say(f"  whole pipeline: simulated {sim_b:.4f} ({sim.bubble}), formula {fname} = {float(formula):.4f}"
+        f" ({formula}),\n  measured {meas_b:.3f}"
+        + ("; simulated = formula" if exact else "; the formula assumes m >= p" if run.m < run.pp else "")
         + ("" if late is None else f"; simulated with latency {args.latency:g}: {float(late.bubble):.4f}"))
     cores = os.cpu_count() or 1
     say("  measured: wall time, where a backward costs what it costs (not exactly 2 forwards) and messages\n"
         "  take time" + (f"; and here {comm.Get_size()} ranks share {cores} cores, so a rank waiting in MPI\n"
                          "  takes a core from one that computes: read the simulated column first"
                          if comm.Get_size() > cores else ""))
-    zb_figures = zero_bubble_report(runner, grid, comm, cfg, args, tc, data, rows, m) \
+    run.zb_figures = zero_bubble_report(run.runner, grid, comm, run.cfg, args, run.tc, run.data, run.rows, run.m) \
         if args.schedule == "zb-h1" else {}
 
-    # --- activations alive at once, measured beside the simulator
-    peaks = common.mpi_reduce(comm, [runner.peak_live if r == comm.Get_rank() else 0 for r in range(world)], "max")
-    peaks = [int(x) for x in np.atleast_1d(peaks)]
-    want_peaks = [sim.peak[grid.coords(r)[1]] for r in range(world)]
+
+# --------------------------------------------------------------------- 5. activations alive at once
+
+def activations_section(run):
+    """The micro-batches whose activations were alive at once, measured beside the simulator."""
+    args, comm, grid, world, pp, m, v = run.args, run.comm, run.grid, run.world, run.pp, run.m, run.v
+    peaks = common.mpi_reduce(comm, [run.runner.peak_live if r == comm.Get_rank() else 0 for r in range(world)],
+                              "max")
+    run.peaks = peaks = [int(x) for x in np.atleast_1d(peaks)]
+    run.want_peaks = want_peaks = [run.sim.peak[grid.coords(r)[1]] for r in range(world)]
     unit = "(micro-batch, chunk) pairs" if v > 1 else "micro-batches"
     say(f"\npeak live activations: {unit} whose forward ran and whose " + ("W" if args.schedule == "zb-h1" else "B")
         + " had not")
@@ -224,7 +258,8 @@ def main(args):
               "interleaved": "interleaved keeps 2(p-r-1) + (v-1)p + 1 chunks (at most m v)",
               "zb-h1": f"ZB-H1 keeps at most p = {pp}", "naive": "one at a time"}.get(args.schedule, "")
     if expect:
-        saved = f"saved-for-backward bytes at the peak: {fmt_bytes(common.mpi_reduce(comm, act_peak))} (largest rank)"
+        saved = ("saved-for-backward bytes at the peak: "
+                 f"{fmt_bytes(common.mpi_reduce(comm, run.act_peak))} (largest rank)")
         say(f"  {expect}; {saved}" if len(expect) + len(saved) < 96 else f"  {expect};\n  {saved}")
     if args.schedule == "1f1b" and m >= pp:
         say(f"  stage 0 holds p = {pp} micro-batches of L/p layers: L layers' worth, as much as one process\n"
@@ -232,65 +267,88 @@ def main(args):
             "  2022, 4.2.3); sequence parallelism and recomputation do.")
     elif args.schedule == "interleaved" and m >= pp:
         c = want_peaks[0]
-        full = c == pp * v + pp - 1            # the warm-up not capped at m v
+        full = warmup_forwards(pp, m, v, 0) < m * v            # the warm-up not capped at m v
         say(f"  stage 0 holds {c} chunks of L/(pv) layers: {c}/{pp * v} = {c / (pp * v):.4g} x L layers' worth"
             + (" = 1 + (p-1)/(pv);" if full else f",\n  capped at m v = {m * v} (uncapped: 1 + (p-1)/(pv));")
             + "\n  interleaving raises stage 0's peak by up to (p-1)/(pv) over 1F1B's\n"
             "  (Korthikanti et al. 2022, 4.2.3).")
-    peaks_ok = peaks == want_peaks
+    run.peaks_ok = peaks == want_peaks
 
-    # --- point-to-point bytes per step
+
+# -------------------------------------------------------------------------- 6. point-to-point bytes
+
+def p2p_section(run):
+    """The bytes each rank sent point-to-point per step, measured beside the exact count and
+    the whole pipeline's 2 (p v - 1) m b s h (plan.pipeline.step_p2p_bytes)."""
+    args, cfg, comm, grid, world, m, v = run.args, run.cfg, run.comm, run.grid, run.world, run.m, run.v
     item = np.dtype(cfg.dtype).itemsize
-    sizes = [per_dp // m] * m
-    got = [int(x) for x in np.atleast_1d(common.mpi_reduce(
-        comm, [meas.bytes_sent("send") // args.steps if r == comm.Get_rank() else 0 for r in range(world)]))]
-    want = [int(x) for x in np.atleast_1d(common.mpi_reduce(
-        comm, [expected_p2p_bytes(model, sizes, item) if r == comm.Get_rank() else 0 for r in range(world)]))]
-    bsh = (per_dp // m) * cfg.block_size * cfg.n_embd
-    say(f"\npoint-to-point bytes sent per step: b*s*h = {per_dp // m}*{cfg.block_size}*{cfg.n_embd} = {bsh:,} values\n"
+    b = run.per_dp // m
+    sizes = [b] * m
+    run.got = got = [int(x) for x in np.atleast_1d(common.mpi_reduce(
+        comm, [run.meas.bytes_sent("send") // args.steps if r == comm.Get_rank() else 0 for r in range(world)]))]
+    run.want = want = [int(x) for x in np.atleast_1d(common.mpi_reduce(
+        comm, [expected_p2p_bytes(run.model, sizes, item) if r == comm.Get_rank() else 0 for r in range(world)]))]
+    bsh = p2p_bytes(b, cfg.block_size, cfg.n_embd, 1)
+    say(f"\npoint-to-point bytes sent per step: b*s*h = {b}*{cfg.block_size}*{cfg.n_embd} = {bsh:,} values\n"
         f"per micro-batch per boundary, each way")
     harness.table([[f"rank {r}", f"{got[r]:,}", f"{want[r]:,}", "equal" if got[r] == want[r] else "DIFFERENT"]
                    for r in range(world)], header=["", "measured", "formula", ""])
-    per_replica = 2 * (pp * v - 1) * m * bsh * item
+    per_replica = step_p2p_bytes(run.pp, v, m, b, cfg.block_size, cfg.n_embd, item)
     say(f"  whole pipeline: 2 (p v - 1) m b s h x {item} bytes = {per_replica:,}"
         + (f" per replica x {grid.dp} = {per_replica * grid.dp:,}" if grid.dp > 1 else "") + f"; measured {sum(got):,}")
     say("  besides: one all-reduce of wte's gradient between the first and last stage, one of the\n"
         "  squared norm for clipping, the loss broadcast from the last stage")
-    bytes_ok = got == want
+    run.bytes_ok = got == want
 
-    if args.trace:
-        _write_trace(args.trace, tl, grid)
 
-    step_time = common.mpi_reduce(comm, float(np.median(times)))
+# ------------------------------------------------------------------------------------ 7. the report
+
+def report_section(run):
+    """The step time, the figures and the verdict."""
+    args, comm, world, grid, model, opt = run.args, run.comm, run.world, run.grid, run.model, run.opt
+    step_time = common.mpi_reduce(comm, float(np.median(run.times)))
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
-    figures = {"bubble_simulated": sim_b, "bubble_formula": float(bubble_formula),
-               "bubble_measured": meas_b, "p2p_bytes_measured": sum(got), "p2p_bytes_formula": sum(want)}
-    if late is not None:
-        figures.update({"latency_chunk_forwards": args.latency, "bubble_simulated_latency": float(late.bubble)},
-                       **factor_figures)
-    figures.update(zb_figures)
+    figures = {"bubble_simulated": run.sim_b, "bubble_formula": float(run.bubble_formula),
+               "bubble_measured": run.meas_b, "p2p_bytes_measured": sum(run.got), "p2p_bytes_formula": sum(run.want)}
+    if run.late is not None:
+        figures.update({"latency_chunk_forwards": args.latency, "bubble_simulated_latency": float(run.late.bubble)},
+                       **run.factor_figures)
+    figures.update(run.zb_figures)
     for r in range(world):
-        figures[f"peak_live_simulated_rank{r}"] = want_peaks[r]
-        figures[f"peak_live_measured_rank{r}"] = peaks[r]
-        figures[f"idle_measured_rank{r}"] = idle[r]
+        figures[f"peak_live_simulated_rank{r}"] = run.want_peaks[r]
+        figures[f"peak_live_measured_rank{r}"] = run.peaks[r]
+        figures[f"idle_measured_rank{r}"] = run.idle[r]
     mem = {"params": int(common.mpi_reduce(comm, sum(p.data.nbytes for p in model.parameters()))),
            "grads": int(common.mpi_reduce(comm, sum(p.grad.nbytes for p in model.parameters() if p.grad is not None))),
            "optimizer": int(common.mpi_reduce(comm, opt.state_bytes())),
-           "activations_peak": int(common.mpi_reduce(comm, act_peak))}
+           "activations_peak": int(common.mpi_reduce(comm, run.act_peak))}
     report = harness.new_report(
-        "04_pipeline_parallel", args, parallel={"pp": pp, "dp": grid.dp, "tp": 1, "schedule": args.schedule,
-                                                "micro_batches": m, "chunks": v},
-        match=bool(match and peaks_ok and bytes_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
-        losses={"reference": ref_losses, "parallel": losses},
-        comm={"bytes_sent": {"send": max(got)}, "expected_bytes": {"send": max(want)}},
+        "04_pipeline_parallel", args, parallel={"pp": run.pp, "dp": grid.dp, "tp": 1, "schedule": args.schedule,
+                                                "micro_batches": run.m, "chunks": run.v},
+        match=bool(run.match and run.peaks_ok and run.bytes_ok), max_rel_diff=run.rel, max_abs_diff=run.abs_diff,
+        tolerance=run.tol, losses={"reference": run.ref_losses, "parallel": run.losses},
+        comm={"bytes_sent": {"send": max(run.got)}, "expected_bytes": {"send": max(run.want)}},
         memory=mem, step_time_s=step_time, figures=figures)
     say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on\n"
         "some stage; peak live activations equal to the simulator's; point-to-point bytes equal to the\nformula")
-    if not peaks_ok:
+    if not run.peaks_ok:
         say("\nthe run kept other numbers of activations alive than the schedule says")
-    if not bytes_ok:
+    if not run.bytes_ok:
         say("\nthe bytes sent differ from b*s*h per micro-batch per boundary: a message too many, or of the wrong size")
-    return harness.finish(report, args)
+    return report
+
+
+def main(args):
+    run = setup(args)
+    schedule_section(run)
+    pipeline_run(run)
+    compare_section(run)
+    bubble_section(run)
+    activations_section(run)
+    p2p_section(run)
+    if args.trace:
+        _write_trace(args.trace, run.tl, run.grid)
+    return harness.finish(report_section(run), args)
 
 
 def step_idle(runner, pp_comm):
@@ -343,7 +401,7 @@ def zero_bubble_report(runner, grid, comm, cfg, args, tc, data, rows, m):
     harness.table([[label[k], f"{sim_idle['zb-h1'][k]:.2f}", f"{idle[k]:.2f}", f"{sim_idle['1f1b'][k]:.2f}",
                     f"{idle1[k]:.2f}"] for k in range(world)],
                   header=["", "ZB-H1 simulated", "ZB-H1 measured", "1F1B simulated", "1F1B measured"])
-    zb, ob = (pp - 1) * (F + B - W), (pp - 1) * (F + B + W)
+    zb, ob = idle_time("zb-h1", pp, F, B, W), idle_time("1f1b", pp, F, B, W)
     say(f"  formula (Qi et al.): ZB-H1 (p-1)(F+B-W) = {pp - 1} x ({F:.2f} + {B:.2f} - {W:.2f}) = {zb:.2f} ms;\n"
         f"  1F1B (p-1)(F+B+W) = {ob:.2f} ms. Measured ZB-H1 {float(np.median(idle)):.2f}, "
         f"1F1B {float(np.median(idle1)):.2f} (medians over ranks)")
@@ -378,7 +436,7 @@ def warmup_factor_report(p, m, v, lam, shown):
     for k in (2, 1):
         sch = schedules.interleaved_1f1b(p, m, v, warmup_factor=k)
         runs[k] = (sch, schedules.simulate(sch, p, m, v), schedules.simulate(sch, p, m, v, latency=lam / v))
-    warm = {k: [min(k * (p - r - 1) + (v - 1) * p, m * v) for r in range(p)] for k in (2, 1)}
+    warm = {k: [warmup_forwards(p, m, v, r, k) for r in range(p)] for k in (2, 1)}
     say(f"\nthe interleaved warm-up: rank r runs 2(p-r-1) + (v-1)p forwards (at most m v) before it\n"
         f"alternates; without the factor 2, (p-r-1) + (v-1)p. Messages free, and taking {shown:g} of a cell:")
     ranks = f"rank 0..{p - 1}" if p > 1 else "rank 0"
@@ -390,7 +448,7 @@ def warmup_factor_report(p, m, v, lam, shown):
                                       for k in (2, 1)]]
     harness.table(rows, header=["", "2(p-r-1) + (v-1)p", "(p-r-1) + (v-1)p"])
     longer = {k: (runs[k][2].total - runs[k][1].total) * v for k in (2, 1)}
-    fill = 2 * (p * v - 1) * lam
+    fill = latency_fill_drain(p, v, lam)
     say(f"  messages of {shown:g} make the step {_cells(longer[2])} cells longer with the factor"
         + (f", 2(pv-1) x {shown:g}: only the fill\n  and the drain wait for them;" if longer[2] == fill else ",")
         + f" {_cells(longer[1])} cells longer without it")

@@ -26,7 +26,7 @@ from minidist.model import GPT
 from minidist.parallel.data_parallel import BucketedDataParallel
 from minidist.parallel.fsdp import Units
 from minidist.parallel.zero import ZeRO, expected_sent, reference_slice
-from minidist.plan.memory import engine_state_bytes
+from minidist.plan.memory import engine_state_bytes, zero_grad_peak_bytes
 from minidist.plan.traffic import dp_sent, zero_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
@@ -90,24 +90,20 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
 
 
 def peak_grad_formula(stage, overlap, psi, n, item, k, root, block, filling=0):
-    """Gradient bytes alive at the peak of a step, by the stage's rule: (bytes, words).
-    Stage 2 overlapped and stage 3 are bounds: the buckets or units alive at once depend on
-    where backward is when the peak comes. filling (stage 2 overlapped): the full-size .grad
-    of the buckets still filling at the peak, measured (wte's, tied to the head, fills all
-    through backward), added so that the bound holds."""
-    part = psi * item / n
+    """Gradient bytes alive at the peak of a step, by the stage's rule
+    (plan.memory.zero_grad_peak_bytes), and the rule in words: (bytes, words)."""
+    peak = zero_grad_peak_bytes(stage, psi, n, item, k, overlap, root, block, filling)
     if stage == 0:
-        return psi * item, "Psi: every rank holds the whole gradient"
+        return peak, "Psi: every rank holds the whole gradient"
     if stage == 1:
-        return psi * item + part, "Psi + Psi/N: the local gradient and my reduced partition"
+        return peak, "Psi + Psi/N: the local gradient and my reduced partition"
     if stage == 2 and not overlap:
-        extra = part if k > 1 else 0
-        return psi * item + extra, ("Psi" + (" + Psi/N" if k > 1 else "")
-                                    + ": the whole gradient waits for backward's end" + (", beside my partition" if k > 1 else ""))
+        return peak, ("Psi" + (" + Psi/N" if k > 1 else "")
+                      + ": the whole gradient waits for backward's end" + (", beside my partition" if k > 1 else ""))
     if stage == 2:
-        return part + block * item + filling, (f"at most Psi/N + 2 buckets {fmt_bytes(part + block * item)}"
-                                               f" + filling {fmt_bytes(filling)} (measured)")
-    return part + (root + block) * item, "at most Psi/N + root + one block (the root's wte waits for backward's end)"
+        bound = zero_grad_peak_bytes(stage, psi, n, item, k, overlap, root, block)
+        return peak, f"at most Psi/N + 2 buckets {fmt_bytes(bound)} + filling {fmt_bytes(filling)} (measured)"
+    return peak, "at most Psi/N + root + one block (the root's wte waits for backward's end)"
 
 
 def main(args):

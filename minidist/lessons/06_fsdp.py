@@ -24,6 +24,7 @@ from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
 from minidist.parallel.fsdp import FSDP
 from minidist.parallel.zero import expected_sent, reference_slice
+from minidist.plan.memory import engine_state_bytes, fsdp_gathered_units
 from minidist.plan.traffic import zero_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
@@ -125,22 +126,22 @@ def main(args):
     item = np.dtype(cfg.dtype).itemsize
     sizes = [g.n * item for g in units.groups]
     shards = sum(g.shard.nbytes for g in units.groups)
-    blocks = sorted(sizes[1:], reverse=True)
+    alive = fsdp_gathered_units(sizes, args.reshard, args.prefetch)    # the rule's units at the peak
+    formula_gathered = sum(alive)
     if args.reshard:
-        held = 2 if args.prefetch and len(blocks) > 1 else 1
-        formula_gathered = sizes[0] + sum(blocks[:held])
-        rule = f"root {fmt_bytes(sizes[0])} + {held} block{'s' if held > 1 else ''} x {fmt_bytes(blocks[0])}"
+        held = len(alive) - 1
+        rule = f"root {fmt_bytes(sizes[0])} + {held} block{'s' if held > 1 else ''} x {fmt_bytes(alive[1])}"
     else:
-        formula_gathered = sum(sizes)
         rule = "every unit: nothing is freed until its backward"
     peak_gathered = int(common.mpi_reduce(comm, units.peak))
     shards = int(common.mpi_reduce(comm, shards))
     psi = sum(g.n for g in units.groups)
+    shards_formula = engine_state_bytes(3, psi, world, item)["params"]     # Psi/N
     say("\nparameter memory per rank (the largest over ranks), measured from the arrays | formula")
     harness.table([
-        ["my shards (kept)", fmt_bytes(shards), f"{fmt_bytes(psi * item / world)}  Psi/N = {psi:,} x {item} B / {world}"],
+        ["my shards (kept)", fmt_bytes(shards), f"{fmt_bytes(shards_formula)}  Psi/N = {psi:,} x {item} B / {world}"],
         ["gathered, at the peak", fmt_bytes(peak_gathered), f"{fmt_bytes(formula_gathered)}  {rule}"],
-        ["peak", fmt_bytes(shards + peak_gathered), f"{fmt_bytes(psi * item / world + formula_gathered)}  "
+        ["peak", fmt_bytes(shards + peak_gathered), f"{fmt_bytes(shards_formula + formula_gathered)}  "
                                                    f"(plain data parallelism: {fmt_bytes(psi * item)})"],
     ], header=["", "measured", "formula"])
 
@@ -178,10 +179,10 @@ def main(args):
     mem = {"params": shards + peak_gathered, "grads": int(common.mpi_reduce(comm, fsdp.peak_grad_bytes)),
            "optimizer": int(common.mpi_reduce(comm, fsdp.state_bytes())),
            "activations_peak": int(common.mpi_reduce(comm, MEMORY.peak_bytes))}
-    figures = {"params_shards_measured": shards, "params_shards_formula": psi * item / world,
+    figures = {"params_shards_measured": shards, "params_shards_formula": shards_formula,
                "params_gathered_peak_measured": peak_gathered, "params_gathered_peak_formula": formula_gathered,
                "params_peak_measured": shards + peak_gathered,
-               "params_peak_formula": psi * item / world + formula_gathered,
+               "params_peak_formula": shards_formula + formula_gathered,
                "bytes_sent": sum(sent.values()), "bytes_ring": sum(exact.values()), "bytes_paper": paper,
                "psi": psi, "root_params": root, "units": len(units.groups)}
     report = harness.new_report(

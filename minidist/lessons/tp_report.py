@@ -21,7 +21,7 @@ from minidist.model import GPT, generate_greedy
 from minidist.parallel.sequence_parallel import sequence_bounds
 from minidist.parallel.tp_formulas import generation_bytes, generation_feeds, measured_saved_bytes
 from minidist.parallel.tp_model import TensorParallelGPT
-from minidist.plan.memory import engine_layer_elements, korthikanti_layer_bytes
+from minidist.plan.memory import engine_layer_elements, kv_cache_bytes, korthikanti_layer_bytes
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor
 
@@ -199,7 +199,8 @@ def generation_report(model, ref, data, n, grid):
     want_bytes = int(common.mpi_reduce(comm, want_bytes))
     one_rate, tp_rate = n / t_one[0], n / t_tp
     cache = model.new_cache()
-    cache_bytes = 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * np.dtype(cfg.dtype).itemsize
+    shape = (1, cfg.block_size, cfg.n_layer, cfg.n_embd, np.dtype(cfg.dtype).itemsize)   # b s L h item
+    cache_bytes, cache_rank = kv_cache_bytes(*shape), kv_cache_bytes(*shape, model.tp)
 
     say(f"\ngeneration: greedy, {n} tokens after a prompt of {p}, batch 1, with a KV cache")
     for label, ids in (("prompt", prompt[0]), ("1 process", ref_tokens[0, p:]), (f"tp={model.tp}", tokens[0, p:])):
@@ -212,7 +213,7 @@ def generation_report(model, ref, data, n, grid):
     if p + n - 1 > cfg.block_size:
         say(f"  past block_size {cfg.block_size}, positions shift: those steps run the cropped window whole")
     harness.table([["1 process (rank 0 alone)", f"{one_rate:,.0f}", fmt_bytes(cache_bytes), "-", "-"],
-                   [f"tp={model.tp} group", f"{tp_rate:,.0f}", fmt_bytes(cache_bytes // model.tp),
+                   [f"tp={model.tp} group", f"{tp_rate:,.0f}", fmt_bytes(cache_rank),
                     f"{got_bytes:,}", f"{want_bytes:,}" + (" (equal)" if got_bytes == want_bytes else " (DIFFERENT)")]],
                   header=["", "tokens/s", "KV cache per rank", "bytes sent per rank", "by formula"])
     say(f"  per token: {2 * cfg.n_layer + 1} all-reduces of b*h (embedding, attention and MLP of each layer)\n"

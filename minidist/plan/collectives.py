@@ -51,6 +51,11 @@ def ring_all_gather_sent(rows, row, size, rank):
     return (rows - chunk_len(rows, size, (rank + 1) % size)) * row
 
 
+def ring_all_reduce_bytes(nbytes, size):
+    """Bytes each rank sends in a ring all-reduce of nbytes that size divides: 2(N-1)/N M."""
+    return 2 * (size - 1) * nbytes // size
+
+
 def ring_all_reduce_time(nbytes, size, alpha, beta, gamma=0.0):
     """Seconds of a ring all-reduce of nbytes over size ranks:
     2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma."""
@@ -140,6 +145,22 @@ def rabenseifner_time(nbytes, size, alpha, beta, gamma=0.0):
     return t + _fold_time(nbytes, size, alpha, beta, gamma)
 
 
+def alpha_beta_terms(name, size):
+    """(messages, bytes sent per byte of M, bytes added per byte of M) of an all-reduce on
+    the power-of-two part P of size ranks, the fold left out (`_fold_time`):
+    ring 2(N-1), 2(N-1)/N, (N-1)/N; Rabenseifner 2 lg P, 2(P-1)/P, (P-1)/P;
+    recursive doubling lg P, lg P, lg P. The time is alpha, beta and gamma times these."""
+    p2 = power_of_two_below(size)
+    lg = p2.bit_length() - 1
+    if name == "ring":
+        return 2 * (size - 1), 2 * (size - 1) / size, (size - 1) / size
+    if name == "rabenseifner":
+        return 2 * lg, 2 * (p2 - 1) / p2, (p2 - 1) / p2
+    if name == "recursive_doubling":
+        return lg, lg, lg
+    raise ValueError(f"unknown all-reduce {name!r}: one of {', '.join(ALL_REDUCE_TIMES)}")
+
+
 def _fold_time(nbytes, size, alpha, beta, gamma):
     if size == power_of_two_below(size):
         return 0.0
@@ -210,7 +231,7 @@ def formulas(n, m):
     p2 = power_of_two_below(n)
     lg = p2.bit_length() - 1
     return {
-        "all_reduce (ring)": 2 * (n - 1) * m // n,
+        "all_reduce (ring)": ring_all_reduce_bytes(m, n),
         "all_reduce (naive)": (n - 1) * m,                       # rank 0 broadcasts to n-1 ranks
         "all_reduce (recursive doubling)": (lg + (n != p2)) * m,
         "all_reduce (rabenseifner)": 2 * (p2 - 1) * m // p2 + (n != p2) * m,

@@ -21,6 +21,9 @@ which the planner's cost model uses; and this engine's own array-by-array count
 (engine_layer_saves), which the activation meter must equal exactly.
 
 FSDP as Llama 3 ran it (section 3.3.2) is ZeRO stage 2: LLAMA3_FSDP_ZERO, below.
+
+Over 400 lines as one idea: every byte a device holds (model states, the peaks the
+lessons' strategies reach, activations), counted once, here.
 """
 from minidist.plan.rules import segments     # the cut of every-k checkpoints, the engine's own
 
@@ -71,6 +74,49 @@ def engine_state_bytes(stage, psi, n_d, itemsize, k_bytes=None):
     s = model_state_bytes(psi, n_d, stage, (itemsize, itemsize, k_bytes))
     kept = itemsize * psi / n_d if stage == 1 else 0      # stage 1's reduced partition
     return {"params": s["weights"], "grads": s["grads"] + kept, "optimizer": s["optimizer"]}
+
+
+def zero_grad_peak_bytes(stage, psi, n_d, itemsize, micro_batches=1, overlap=False, root=0, block=0,
+                         filling=0):
+    """Gradient bytes alive at the peak of a step of this engine's ZeRO (parallel/zero.py),
+    by the stage's rule. Stage 0: Psi; 1: Psi + Psi/N (the local gradient and the reduced
+    partition); 2 without overlap: Psi, + Psi/N with several micro-batches. Bounds, the
+    buckets or units alive at once depending on where backward is at the peak: stage 2
+    overlapped, Psi/N + `block` elements in flight + `filling` bytes (the full-size .grad
+    of buckets still filling, measured); stage 3, Psi/N + the root unit + one block."""
+    part = psi * itemsize / n_d
+    if stage == 0:
+        return psi * itemsize
+    if stage == 1:
+        return psi * itemsize + part
+    if stage == 2 and not overlap:
+        return psi * itemsize + (part if micro_batches > 1 else 0)
+    if stage == 2:
+        return part + block * itemsize + filling
+    return part + (root + block) * itemsize
+
+
+def fsdp_gathered_units(unit_bytes, reshard=True, prefetch=True):
+    """The gathered units' bytes alive at FSDP's peak (parallel/fsdp.py), unit_bytes[0] the
+    root (embeddings, ln_f: gathered from forward to backward). Resharding after forward:
+    the root and the largest block, and the next largest when prefetch gathers one ahead;
+    without it every unit, none freed before its backward. Their sum is the peak."""
+    blocks = sorted(unit_bytes[1:], reverse=True)
+    if not reshard:
+        return list(unit_bytes)
+    return [unit_bytes[0]] + blocks[:2 if prefetch and len(blocks) > 1 else 1]
+
+
+def tp_weight_bytes(sharded, replicated, t, itemsize):
+    """Weight bytes per rank under tensor parallelism: 1/t of the `sharded` elements (the
+    vocabulary padded to a multiple of t included) and every `replicated` one."""
+    return (sharded // t + replicated) * itemsize
+
+
+def kv_cache_bytes(batch, seq, layers, h, itemsize, t=1):
+    """A KV cache of `seq` positions: keys and values of width h in every layer,
+    2 b s L h itemsize, cut by t under tensor parallelism (each rank its heads)."""
+    return 2 * batch * layers * seq * h * itemsize // t
 
 
 # ------------------------------------------------------------------------ activations, the paper

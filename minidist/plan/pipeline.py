@@ -29,9 +29,49 @@ def bubble_fraction(schedule, p, m, v=1, costs=(1, 2, 1)):
     if schedule == "interleaved":
         return Fraction(p - 1, v * m + p - 1)
     if schedule == "zb-h1":                        # idle (p-1)(f + B - W) per rank, B = b - w
-        idle = (p - 1) * (f + (b - w) - w)
+        idle = idle_time("zb-h1", p, f, b - w, w)
         return idle / (m * (f + b) + idle)
     raise ValueError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
+
+
+# the bubble fractions' written forms, as the lessons print them beside bubble_fraction
+BUBBLE_TEXT = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
+               "interleaved": "(p-1)/(v m+p-1)", "zb-h1": "(p-1)(f+B-W)/T, Qi et al."}
+
+
+def bubble_text(schedule, v=1):
+    """bubble_fraction's formula, written out: interleaved with one chunk is 1F1B's."""
+    return BUBBLE_TEXT["1f1b" if schedule == "interleaved" and v == 1 else schedule]
+
+
+def idle_time(schedule, p, f, b, w):
+    """Idle time of each rank in one step, m >= p and equal stages, in the units of f, b, w:
+    the forward, the input-gradient part of the backward (B) and the weight-gradient part
+    (W) of one micro-batch on one stage. 1F1B, whose backward is B + W: (p-1)(f + B + W),
+    the bubble's fill and drain; ZB-H1, which runs the W of the drain's micro-batches in
+    the bubble: (p-1)(f + B - W) (Qi et al. 2024, arXiv 2401.10241, section 2.1)."""
+    if schedule == "1f1b":
+        return (p - 1) * (f + b + w)
+    if schedule == "zb-h1":
+        return (p - 1) * (f + b - w)
+    raise ValueError(f"idle_time knows 1f1b and zb-h1, not {schedule!r}")
+
+
+def warmup_forwards(p, m, v, rank, factor=2):
+    """Forwards rank runs before it alternates under interleaved 1F1B (v chunks):
+    factor (p-r-1) + (v-1) p, at most all m v. Megatron-LM's warm-up has factor 2
+    (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches, with
+    microbatch_group_size_per_vp_stage at its default p); factor 1 is this project's
+    variant without it, which lesson 04 simulates beside it."""
+    return min(factor * (p - rank - 1) + (v - 1) * p, m * v)
+
+
+def latency_fill_drain(p, v, latency):
+    """What messages of `latency` add to a step whose steady state has slack enough to hide
+    them: the fill and the drain each cross the p v - 1 boundaries of the virtual stages,
+    2 (p v - 1) latency (p > 1: every boundary is then a message between two ranks; the
+    simulator agrees for latencies up to one chunk's forward, tests/test_plan_formulas.py)."""
+    return 2 * (p * v - 1) * latency
 
 
 def live_chunks(schedule, p, m, v=1, rank=0):
@@ -45,7 +85,7 @@ def live_chunks(schedule, p, m, v=1, rank=0):
     if schedule == "1f1b":
         return min(p - rank, m)
     if schedule == "interleaved":
-        return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
+        return min(warmup_forwards(p, m, v, rank) + 1, m * v)
     return None
 
 
@@ -62,3 +102,10 @@ def p2p_bytes(b, s, h, itemsize):
     """Bytes of one activation (or its gradient) crossing one stage boundary for one
     micro-batch in one direction: the (b, s, h) residual stream."""
     return b * s * h * itemsize
+
+
+def step_p2p_bytes(p, v, m, b, s, h, itemsize):
+    """Bytes one pipeline replica sends point-to-point in one step: each of m micro-batches
+    crosses the p v - 1 boundaries of the virtual stages forward (its activation) and
+    backward (that activation's gradient), 2 (p v - 1) m b s h itemsize."""
+    return 2 * (p * v - 1) * m * p2p_bytes(b, s, h, itemsize)
