@@ -7,44 +7,44 @@ import sys
 import numpy as np
 import pytest
 
-from minidist.lessons import harness
+from minidist import cli, equivalence, report
 
 
 def test_rel_diff_is_per_tensor_and_safe_on_zero_gradients():
-    assert harness.rel_diff(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
-    r, a = harness.rel_diff(np.array([1.0, 2.0]), np.array([1.0, 4.0]))
+    assert equivalence.rel_diff(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
+    r, a = equivalence.rel_diff(np.array([1.0, 2.0]), np.array([1.0, 4.0]))
     assert a == 2.0 and r == 0.5
-    assert harness.rel_diff(np.array([1e-30]), np.zeros(1))[0] == float("inf")
+    assert equivalence.rel_diff(np.array([1e-30]), np.zeros(1))[0] == float("inf")
 
 
 def test_compare_reports_the_worst_tensor_and_missing_names():
     ref = {"a": np.ones(3), "b": np.full(2, 10.0)}
     par = {"a": np.ones(3), "b": np.array([10.0, 10.001])}
-    rel, ab, name = harness.compare(par, ref)
+    rel, ab, name = equivalence.compare(par, ref)
     assert name == "b" and np.isclose(rel, 1e-4) and np.isclose(ab, 1e-3)
-    assert harness.compare({"a": np.ones(3)}, ref) == (float("inf"), float("inf"), "b")
+    assert equivalence.compare({"a": np.ones(3)}, ref) == (float("inf"), float("inf"), "b")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nan_or_inf_anywhere_is_a_mismatch(bad):
     ref = {"a": np.ones(3), "b": np.ones(3), "c": np.ones(3)}
     par = {"a": np.ones(3), "b": np.array([1.0, bad, 1.0]), "c": np.ones(3)}
-    assert harness.compare(par, ref)[0] == float("inf")
-    assert harness.compare(par, ref)[2] == "b"
-    assert harness.compare(ref, par)[0] == float("inf")
+    assert equivalence.compare(par, ref)[0] == float("inf")
+    assert equivalence.compare(par, ref)[2] == "b"
+    assert equivalence.compare(ref, par)[0] == float("inf")
 
 
 def test_report_has_every_key_and_writes_json(tmp_path):
     class Args:
         dtype, steps, json = "float64", 3, str(tmp_path / "r.json")
-    rep = harness.new_report("xx", Args, match=True, max_rel_diff=np.float64(1e-12), mfu=float("nan"))
-    assert set(rep) == set(harness.REPORT_KEYS)
-    assert harness.finish(rep, Args) == 0
+    rep = report.new_report("xx", Args, match=True, max_rel_diff=np.float64(1e-12), mfu=float("nan"))
+    assert set(rep) == set(report.REPORT_KEYS)
+    assert report.finish(rep, Args) == 0
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["match"] is True and data["max_rel_diff"] == 1e-12 and data["mfu"] is None
     assert data["comm"] is None
     with pytest.raises(KeyError):
-        harness.new_report("xx", Args, not_a_key=1)
+        report.new_report("xx", Args, not_a_key=1)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -66,10 +66,10 @@ def test_bad_input_is_one_message_and_exit_2(flags, message):
 # ----------------------------------------------------------------------------- flag types
 
 @pytest.mark.parametrize("kind, good, bad", [
-    (harness.positive_int, {"1": 1, "42": 42}, ["0", "-3", "1.5", "x"]),
-    (harness.nonnegative_int, {"0": 0, "7": 7}, ["-1", "2.0", "x"]),
-    (harness.positive_float, {"0.01": 0.01, "3": 3.0}, ["0", "-1", "nan", "inf", "x"]),
-    (harness.nonnegative_float, {"0": 0.0, "0.5": 0.5}, ["-0.1", "nan", "-inf", "x"]),
+    (cli.positive_int, {"1": 1, "42": 42}, ["0", "-3", "1.5", "x"]),
+    (cli.nonnegative_int, {"0": 0, "7": 7}, ["-1", "2.0", "x"]),
+    (cli.positive_float, {"0.01": 0.01, "3": 3.0}, ["0", "-1", "nan", "inf", "x"]),
+    (cli.nonnegative_float, {"0": 0.0, "0.5": 0.5}, ["-0.1", "nan", "-inf", "x"]),
 ])
 def test_flag_types_accept_and_refuse(kind, good, bad):
     import argparse
@@ -81,19 +81,19 @@ def test_flag_types_accept_and_refuse(kind, good, bad):
 
 
 def test_json_problem_finds_folders_missing_folders_and_unwritable_files(tmp_path):
-    assert "is a folder" in harness.json_problem(str(tmp_path))
-    assert "does not exist" in harness.json_problem(str(tmp_path / "no" / "r.json"))
-    assert harness.json_problem(str(tmp_path / "new.json")) is None
+    assert "is a folder" in cli.json_problem(str(tmp_path))
+    assert "does not exist" in cli.json_problem(str(tmp_path / "no" / "r.json"))
+    assert cli.json_problem(str(tmp_path / "new.json")) is None
     old = tmp_path / "old.json"
     old.write_text("keep me")
-    assert harness.json_problem(str(old)) is None
+    assert cli.json_problem(str(old)) is None
     assert old.read_text() == "keep me", "the check must not change an existing file"
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs Linux /proc")
 def test_json_problem_finds_a_file_that_cannot_be_written():
     # /proc/version exists and refuses writes even to a superuser, unlike a chmod 444 file
-    assert "cannot be written" in harness.json_problem("/proc/version")
+    assert "cannot be written" in cli.json_problem("/proc/version")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="a superuser may write a read-only file")
@@ -101,7 +101,7 @@ def test_json_problem_finds_a_read_only_file(tmp_path):
     f = tmp_path / "ro.json"
     f.write_text("{}")
     f.chmod(0o444)
-    assert "cannot be written" in harness.json_problem(str(f))
+    assert "cannot be written" in cli.json_problem(str(f))
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -140,7 +140,7 @@ def test_a_batch_that_does_not_split_gets_the_next_one_that_does(monkeypatch, ba
     from types import SimpleNamespace
     from minidist.lessons import common
     monkeypatch.setattr(sys, "argv", ["lesson.py", "--steps", "2", "--batch-size", str(batch)])
-    with pytest.raises(harness.InputError) as err:
+    with pytest.raises(cli.InputError) as err:
         common.batch_rows(SimpleNamespace(batch_size=batch, grad_accum=accum), 0, world)
     said = str(err.value)
     assert f"this works: mpirun -n {world} python -m " in said, said

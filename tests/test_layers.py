@@ -138,3 +138,41 @@ def test_the_engine_imports_the_shared_rules_from_plan_not_a_copy():
     assert data_parallel.assign_buckets is rules.assign_buckets is zero.assign_buckets
     assert recompute.segments is rules.segments
     assert memory.parameter_count is rules.parameter_count
+
+
+# ----------------------------------------------------------------------------- lessons/ is on top
+
+PACKAGE = PARALLEL.parent
+
+
+def lesson_imports(path, package):
+    """The minidist.lessons modules `path` (a module of `package`) imports, anywhere in it."""
+    return sorted(n for n in absolute_imports(path, package)
+                  if n == "minidist.lessons" or n.startswith("minidist.lessons."))
+
+
+def test_nothing_below_the_lessons_imports_them():
+    """The lessons are the top layer: flags, the report and the comparison they share live in
+    minidist/cli.py, report.py and equivalence.py, which bench/, checkpoint/ and the engine
+    use. Only the grader, which runs lessons, imports minidist.lessons."""
+    checked, broken = 0, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        top = path.relative_to(PACKAGE).parts[0]
+        if top in ("lessons", "grader"):
+            continue
+        checked += 1
+        found = lesson_imports(path, ".".join(("minidist",) + path.relative_to(PACKAGE).parent.parts))
+        if found:
+            broken[str(path.relative_to(PACKAGE.parent))] = found
+    assert checked > 40, f"found only {checked} modules under {PACKAGE}"
+    assert not broken, f"minidist.lessons is imported from below it: {broken}"
+
+
+def test_the_lessons_rule_sees_relative_and_function_level_imports(tmp_path):
+    probe = tmp_path / "minidist" / "bench" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("from ..lessons import harness\n"
+                     "def f():\n    from minidist.lessons.common import mpi_reduce\n")
+    assert lesson_imports(probe, "minidist.bench") == [
+        "minidist.lessons", "minidist.lessons.common", "minidist.lessons.common.mpi_reduce",
+        "minidist.lessons.harness"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from minidist.lessons.harness import REPORT_KEYS
+from minidist.report import REPORT_KEYS
 
 from launcher import mpirun_cmd, needs_mpirun, our_lines
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from minidist.lessons.harness import REPORT_KEYS
+from minidist.report import REPORT_KEYS
 from minidist.plan import published
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from minidist.lessons.harness import REPORT_KEYS
+from minidist.report import REPORT_KEYS
 
 from launcher import mpirun_cmd, needs_mpirun  # MINIDIST_MPIRUN, or the .venv's mpirun
 

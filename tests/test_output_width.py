@@ -48,7 +48,7 @@ def test_demo_lines_fit_100_columns(lesson, n, flags):
 
 
 def test_the_wrapping_net_keeps_words_and_indent():
-    from minidist.lessons.harness import fit
+    from minidist.cli import fit
     line = "  " + " ".join(f"word{i}" for i in range(40))
     out = fit(line)
     assert all(len(piece) <= WIDTH and piece.startswith("  ") for piece in out.splitlines())

@@ -100,26 +100,26 @@ def collect(dtype, accum, optimizer="adamw", clip=1.0, steps=3):
     """The lessons' comparison path on one process: train_and_collect with k micro-batches."""
     from types import SimpleNamespace
 
-    from minidist.lessons import common
+    from minidist import equivalence
     from minidist.optim import SGD
     cfg = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=16, dropout=0.1, dtype=dtype)
     model = GPT(cfg, seed=4)
     opt = (SGD(model.parameters(), lr=1e-2) if optimizer == "sgd"
            else model.configure_optimizers(0.1, 1e-3, (0.9, 0.95)))
     tc = TrainConfig(batch_size=8, max_iters=steps, learning_rate=1e-3, warmup_iters=1, grad_clip=clip)
-    losses, state, _ = common.train_and_collect(model, opt, DATA, SimpleNamespace(steps=steps, batch_size=8, seed=9),
-                                                tc, micro=accum)
+    args = SimpleNamespace(steps=steps, batch_size=8, seed=9)
+    losses, state, _ = equivalence.train_and_collect(model, opt, DATA, args, tc, micro=accum)
     state["loss"] = np.array(losses)
     return state
 
 
 @pytest.mark.parametrize("optimizer,clip", [("adamw", 1e-3), ("sgd", 0.0)])
 def test_accumulation_matches_in_the_lessons_comparison(optimizer, clip):
-    from minidist.lessons import common, harness
+    from minidist import equivalence
     one, two = collect("float64", 1, optimizer, clip), collect("float64", 2, optimizer, clip)
-    for kind, rel, _, worst in common.compare_by_kind(two, one):
+    for kind, rel, _, worst in equivalence.compare_by_kind(two, one):
         assert rel <= 1e-10, f"{kind}: max_rel_diff {rel:.2e} in {worst}"
-    assert harness.compare(two, one)[0] <= 1e-10
+    assert equivalence.compare(two, one)[0] <= 1e-10
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -127,16 +127,16 @@ def test_planted_micro_batch_loss_not_scaled_by_1_over_k_is_caught(dtype, monkey
     """Forget the 1/k and two micro-batches give twice the gradient. Clipping (here it
     really clips) and AdamW nearly hide it from the weights; the raw gradients cannot."""
     from minidist import train as train_module
-    from minidist.lessons import common, harness
+    from minidist import equivalence
     one = collect(dtype, 1, clip=1e-3)
     monkeypatch.setattr(train_module, "micro_batch_scale", lambda k: 1.0)
     two = collect(dtype, 2, clip=1e-3)
-    tol = harness.TOLERANCE[dtype]
-    kinds = {kind: rel for kind, rel, _, _ in common.compare_by_kind(two, one)}
-    assert kinds["raw gradients"] > tol and harness.compare(two, one)[0] > tol, kinds
+    tol = equivalence.TOLERANCE[dtype]
+    kinds = {kind: rel for kind, rel, _, _ in equivalence.compare_by_kind(two, one)}
+    assert kinds["raw gradients"] > tol and equivalence.compare(two, one)[0] > tol, kinds
     first = [k for k in one if k.startswith("grad:") and k.endswith("@step0")]
-    rel0 = harness.compare({k: two[k] for k in first}, {k: one[k] for k in first})[0]
+    rel0 = equivalence.compare({k: two[k] for k in first}, {k: one[k] for k in first})[0]
     assert abs(rel0 - 1.0) <= 1e-3, f"step 0's gradients should be exactly twice as large: {rel0}"
-    factor, residual = common.gradient_factor(two, one)        # what lesson 02 tells the student
+    factor, residual = equivalence.gradient_factor(two, one)        # what lesson 02 tells the student
     assert abs(factor - 2.0) <= 1e-5 and residual <= 1e-5, (factor, residual)
-    assert common.gradient_factor(collect(dtype, 1, clip=1e-3), one) == (1.0, 0.0)
+    assert equivalence.gradient_factor(collect(dtype, 1, clip=1e-3), one) == (1.0, 0.0)

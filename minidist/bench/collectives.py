@@ -27,8 +27,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from minidist import cli
 from minidist.comm import all_reduce, mpi_all_reduce, ring_all_reduce, tuning
-from minidist.lessons import harness
 from minidist.plan.collectives import BUS_FACTOR
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -78,15 +78,15 @@ def print_crossovers(say, n, constants, sizes_, times):
 
 
 def build_parser():
-    p = harness.parser(__doc__.split("\n\n")[0], steps=None, dtype="float32")
+    p = cli.parser(__doc__.split("\n\n")[0], steps=None, dtype="float32")
     p.prog = "python -m minidist.bench collectives"
     p.add_argument("--min-bytes", "-b", type=parse_bytes, default=8, help="smallest message (default 8)")
     p.add_argument("--max-bytes", "-e", type=parse_bytes, default=64 * 2**20, help="largest (default 64M)")
-    p.add_argument("--factor", "-f", type=harness.positive_int, default=2,
+    p.add_argument("--factor", "-f", type=cli.positive_int, default=2,
                    help="size multiplier between rows, 2 or more (default 2)")
-    p.add_argument("--iters", "-n", type=harness.positive_int, default=10,
+    p.add_argument("--iters", "-n", type=cli.positive_int, default=10,
                    help="timed calls per size")
-    p.add_argument("--warmup", "-w", type=harness.nonnegative_int, default=5,
+    p.add_argument("--warmup", "-w", type=cli.nonnegative_int, default=5,
                    help="untimed calls first, at each size (default 5)")
     p.add_argument("--calibrate", action="store_true",
                    help=f"measure alpha, beta, gamma, store them ({tuning.ENV} or the cache "
@@ -105,7 +105,7 @@ def main(argv=None):
         p.error("need --factor >= 2 and 1 <= --min-bytes <= --max-bytes")
     if args.calibrate and n < 2:
         p.error("--calibrate needs two ranks or more (it times messages between them)")
-    problem = comm.bcast(harness.json_problem(args.json) if args.json and rank == 0 else None)
+    problem = comm.bcast(cli.json_problem(args.json) if args.json and rank == 0 else None)
     if problem:
         p.error(problem)
     say = print if rank == 0 else (lambda *a, **k: None)

@@ -7,7 +7,7 @@ The reference (one process, the whole batch) is trained once per module and kept
 from types import SimpleNamespace
 
 from minidist.data import Dataset, default_corpus
-from minidist.lessons import common
+from minidist import equivalence
 from minidist.model import GPT, GPTConfig
 from minidist.train import TrainConfig
 
@@ -32,6 +32,6 @@ class Setup:
         """(losses, state) of one process over the whole batch, trained on first use."""
         if self._ref is None:
             m, o = self.fresh()
-            losses, state, _ = common.train_and_collect(m, o, self.data, self.args, self.tc, micro=ACCUM)
+            losses, state, _ = equivalence.train_and_collect(m, o, self.data, self.args, self.tc, micro=ACCUM)
             self._ref = (losses, state)
         return self._ref

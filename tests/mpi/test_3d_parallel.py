@@ -15,7 +15,7 @@ Also, on one factorisation per world size (the most tensor- and pipeline-paralle
 dropout on): each recomputation policy of lesson 08 applied to every stage's TP blocks
 (same 1e-10; the TP bytes then include each checkpointed layer's rerun forward
 all-reduces, expected_bytes(recomputed_layers=...)); at 4 and 8 ranks, float32 (held to
-harness.TOLERANCE["float32"]) and plain SGD without clipping, where a gradient off by a
+equivalence.TOLERANCE["float32"]) and plain SGD without clipping, where a gradient off by a
 constant factor would show in the weights as well as in the raw gradients.
 """
 import numpy as np
@@ -23,8 +23,8 @@ import pytest
 from mpi4py import MPI
 
 from minidist.comm import ProcessGrid
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel.parallel_3d import (Parallel3D, build_stage, expected_memory, expected_traffic,
@@ -116,7 +116,7 @@ def worst(state, ref_state, tp_model):
     """max_rel_diff over every key this rank holds, the reference cut to the same piece."""
     want = {k: (ref_state[k] if "@step" in k and ":" not in k else reference_value(k, ref_state, tp_model))
             for k in state}
-    return harness.compare(state, want)
+    return equivalence.compare(state, want)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"tp{c[0]}pp{c[1]}dp{c[2]}" + ("zero1" if c[3] else "")
@@ -206,7 +206,7 @@ def test_each_recompute_policy_inside_3d(policy):
 def test_float32_within_its_tolerance():
     if SMALL is None:
         pytest.skip("float32 runs at 4 and 8 ranks")
-    check_case(SMALL, harness.TOLERANCE["float32"], dtype="float32")
+    check_case(SMALL, equivalence.TOLERANCE["float32"], dtype="float32")
 
 
 def test_sgd_without_clipping():

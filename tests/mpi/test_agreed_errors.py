@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from minidist.data import default_corpus
 from minidist.lessons import common
-from minidist.lessons.harness import InputError
+from minidist.cli import InputError
 
 pytestmark = pytest.mark.mpi
 

@@ -289,7 +289,7 @@ def test_state_dict_resumes_bit_for_bit(comm, compressor):
 
 def gpt_run(comm, make_dp, steps=3):
     from minidist.data import Dataset, default_corpus, shard_slice
-    from minidist.lessons import common
+    from minidist import equivalence
     from minidist.model import GPT, GPTConfig
     from minidist.parallel.data_parallel import replica_checksums
     from minidist.train import TrainConfig
@@ -302,14 +302,14 @@ def gpt_run(comm, make_dp, steps=3):
     dp = make_dp(model)
     rows = shard_slice(batch, comm.Get_rank(), comm.Get_size(), 1)
     args = SimpleNamespace(steps=steps, batch_size=batch, seed=7)
-    losses, state, _ = common.train_and_collect(model, opt, data, args, tc, rows, 1, dp)
+    losses, state, _ = equivalence.train_and_collect(model, opt, data, args, tc, rows, 1, dp)
     crcs = replica_checksums(model, comm)
     assert len(set(crcs)) == 1, "the replicas' weights differ"
     return losses, state, dp
 
 
 def test_gpt_train_step(comm):
-    from minidist.lessons.harness import compare
+    from minidist.equivalence import compare
     from minidist.parallel.data_parallel import NaiveDataParallel
     _, naive, _ = gpt_run(comm, lambda m: NaiveDataParallel(m, comm))
     full = lambda m: CompressedDataParallel(m, comm, "powersgd", rank=16)   # n_embd: every matrix at full rank

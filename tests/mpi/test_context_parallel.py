@@ -22,8 +22,8 @@ from mpi4py import MPI
 
 from minidist.attention import STATS
 from minidist.comm import GridError, ProcessGrid, ring_reduce_scatter_v, stats
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.context_parallel import CPError
 from minidist.parallel.cp_model import ContextParallelGPT
@@ -102,7 +102,7 @@ def run_cp(variant, cp=None, tp=1, dp=1, T=None, dropout=0.1, load_balance=True,
 
 
 def check_equal(state, ref, what):
-    rel, _, key = harness.compare(state, ref)
+    rel, _, key = equivalence.compare(state, ref)
     worst = mpi_reduce(COMM, rel)
     assert worst <= TOL, f"{what}: max_rel_diff {worst:.2e} > {TOL:.0e} (rank {COMM.Get_rank()}: {key})"
 
@@ -304,5 +304,5 @@ def test_planted_loss_not_scaled_by_cp_fails(monkeypatch):
     _, _, state = run_cp("ring")
     ref = reference(SEQ, 0.1, 2)
     grads = [k for k in state if k.startswith("grad:")]
-    rel = mpi_reduce(COMM, harness.compare({k: state[k] for k in grads}, {k: ref[k] for k in grads})[0])
+    rel = mpi_reduce(COMM, equivalence.compare({k: state[k] for k in grads}, {k: ref[k] for k in grads})[0])
     assert rel > 1e3 * TOL, f"planted: gradients not scaled by cp passed, max_rel_diff {rel:.2e}"

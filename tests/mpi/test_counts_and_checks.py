@@ -90,7 +90,7 @@ def test_agree(comm):
     assert set(m) == {"check"}, f"agree should count only under 'check', got {sorted(m)}"
 
 
-# ----------------------------------------------------------------------------- edge cases (issue 8)
+# ----------------------------------------------------------------------------- edge cases
 
 def _raised_on_every_rank(comm, call):
     """Run call(); return its MismatchError's text, after checking every rank raised one."""

@@ -20,7 +20,7 @@ from mpi4py import MPI
 from minidist import train as train_module
 from minidist.comm import all_reduce, stats
 from minidist.data import Dataset, default_corpus, shard_slice
-from minidist.lessons import common, harness
+from minidist import equivalence
 from minidist.model import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel import data_parallel
@@ -59,7 +59,7 @@ def train(dtype="float64", dp=None, accum=1, dropout=0.0, bucket_bytes=2048, ste
         return model, model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
 
     ref_model, ref_opt = fresh()
-    ref_losses, ref_state, _ = common.train_and_collect(ref_model, ref_opt, DATA, args, tc)
+    ref_losses, ref_state, _ = equivalence.train_and_collect(ref_model, ref_opt, DATA, args, tc)
     model, opt = fresh()
     sync = None
     if dp == "naive":
@@ -68,15 +68,15 @@ def train(dtype="float64", dp=None, accum=1, dropout=0.0, bucket_bytes=2048, ste
         sync = (dp_class or BucketedDataParallel)(model, COMM, bucket_bytes=bucket_bytes)
     rows = shard_slice(BATCH, COMM.Get_rank(), COMM.Get_size(), accum)
     with stats.measure() as m:
-        losses, state, _ = common.train_and_collect(model, opt, DATA, args, tc, rows, accum, sync)
-    state["loss"] = common.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
+        losses, state, _ = equivalence.train_and_collect(model, opt, DATA, args, tc, rows, accum, sync)
+    state["loss"] = equivalence.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
     ref_state["loss"] = np.array(ref_losses)
-    rel, _, _ = harness.compare(state, ref_state)
-    by_kind = {kind: common.mpi_reduce(COMM, r) for kind, r, _, _ in common.compare_by_kind(state, ref_state)}
+    rel, _, _ = equivalence.compare(state, ref_state)
+    by_kind = {kind: equivalence.mpi_reduce(COMM, r) for kind, r, _, _ in equivalence.compare_by_kind(state, ref_state)}
     first = [k for k in ref_state if k.startswith("grad:") and k.endswith("@step0")]   # same weights on both sides
-    by_kind["raw gradients of step 0"] = common.mpi_reduce(
-        COMM, harness.compare({k: state[k] for k in first}, {k: ref_state[k] for k in first})[0])
-    return Result(rel=common.mpi_reduce(COMM, rel), by_kind=by_kind, crcs=replica_checksums(model, COMM),
+    by_kind["raw gradients of step 0"] = equivalence.mpi_reduce(
+        COMM, equivalence.compare({k: state[k] for k in first}, {k: ref_state[k] for k in first})[0])
+    return Result(rel=equivalence.mpi_reduce(COMM, rel), by_kind=by_kind, crcs=replica_checksums(model, COMM),
                   dp=sync, sent=m.bytes_sent("all_reduce") / steps)
 
 
@@ -110,7 +110,7 @@ def test_any_bucket_size_matches(bucket_bytes):
 
 def test_float32_within_stated_tolerance():
     r = train(dtype="float32", dp="bucketed", accum=2, dropout=0.1)
-    assert r.rel <= harness.TOLERANCE["float32"], f"float32 max_rel_diff {r.rel:.2e}"
+    assert r.rel <= equivalence.TOLERANCE["float32"], f"float32 max_rel_diff {r.rel:.2e}"
     assert len(set(r.crcs.tolist())) == 1
 
 
@@ -169,7 +169,7 @@ def test_sgd_without_clipping_matches_one_process(mode, accum):
 
 def test_sgd_without_clipping_float32_within_stated_tolerance():
     r = train(dtype="float32", dp="bucketed", accum=2, optimizer="sgd", clip=0.0)
-    assert r.rel <= harness.TOLERANCE["float32"], f"float32 SGD max_rel_diff {r.rel:.2e}"
+    assert r.rel <= equivalence.TOLERANCE["float32"], f"float32 SGD max_rel_diff {r.rel:.2e}"
 
 # ----------------------------------------------------------------------------- planted factor bugs
 # Each must FAIL the comparison. With AdamW after clipping, the weights alone barely see a
@@ -198,7 +198,7 @@ class ScaledBucketedDataParallel(BucketedDataParallel):
 
 
 def assert_caught(r, what, dtype):
-    tol = harness.TOLERANCE[dtype]
+    tol = equivalence.TOLERANCE[dtype]
     assert r.rel > tol, f"{what} ({dtype}) was not caught: max_rel_diff {r.rel:.2e} <= {tol:.0e}"
     assert r.by_kind["raw gradients"] > tol, (
         f"{what} ({dtype}): the raw gradients must show the factor, max_rel_diff {r.by_kind['raw gradients']:.2e}")
@@ -224,7 +224,7 @@ def test_planted_sync_scaled_by_n_minus_1_over_n_fails_the_comparison(dtype, opt
     expected = 1 / COMM.Get_size()                       # (N-1)/N against 1: relative error 1/N
     assert abs(r.by_kind["raw gradients of step 0"] - expected) <= 1e-3 * expected, r.by_kind
     if optimizer == "sgd":                               # with nothing to hide it, the weights see it too
-        assert r.by_kind["weights"] > harness.TOLERANCE[dtype]
+        assert r.by_kind["weights"] > equivalence.TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.data import Dataset, default_corpus, shard_slice
-from minidist.lessons import common, harness
+from minidist import equivalence
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.expert_parallel import ExpertParallelMoE, expert_parallel
 from minidist.plan.traffic import moe_sent
@@ -60,7 +60,7 @@ def reference(cfg):
     if key not in _REFERENCES:
         args, tc = setup(cfg)
         model = GPT(cfg, seed=11)
-        losses, state, _ = common.train_and_collect(model, optimizer(model, tc), DATA, args, tc)
+        losses, state, _ = equivalence.train_and_collect(model, optimizer(model, tc), DATA, args, tc)
         state["loss"] = np.array(losses)
         _REFERENCES[key] = state
     return _REFERENCES[key]
@@ -74,13 +74,13 @@ def train(cfg, ep_comm=COMM):
     opt = optimizer(model, tc)                     # after the swap: the expert Parameters are new
     rows = shard_slice(BATCH, COMM.Get_rank(), COMM.Get_size())
     with stats.measure() as m:
-        losses, state, _ = common.train_and_collect(model, opt, DATA, args, tc, rows, 1, ep)
-    state["loss"] = common.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
+        losses, state, _ = equivalence.train_and_collect(model, opt, DATA, args, tc, rows, 1, ep)
+    state["loss"] = equivalence.mpi_reduce(COMM, losses, "sum") / COMM.Get_size()
     lo, hi = ep.layers[0][1].lo, ep.layers[0][1].hi
     ref = {k: (v[lo:hi] if any(p in k for p in EXPERT_PARTS) else v) for k, v in reference(cfg).items()}
-    rel, _, worst = harness.compare(state, ref)
+    rel, _, worst = equivalence.compare(state, ref)
     assert set(state) == set(ref), "the parallel run should report every tensor the reference does"
-    return SimpleNamespace(rel=common.mpi_reduce(COMM, rel), worst=worst, ep=ep, measured=m)
+    return SimpleNamespace(rel=equivalence.mpi_reduce(COMM, rel), worst=worst, ep=ep, measured=m)
 
 
 def cases():
@@ -104,7 +104,7 @@ def test_float64_matches_one_process(E, top_k, capacity_factor):
     assert r.rel <= 1e-10, f"{what}: max_rel_diff {r.rel:.2e} > 1e-10 (worst here: {r.worst})"
     assert all(isinstance(b.mlp, ExpertParallelMoE) for b in r.ep.model.transformer.h)
     assert all(m.hi - m.lo == E // n for _, m in r.ep.layers), "each rank holds E/ep experts"
-    dropped = common.mpi_reduce(COMM, sum(d for step in r.ep.history for _, d in step.values()), "sum")
+    dropped = equivalence.mpi_reduce(COMM, sum(d for step in r.ep.history for _, d in step.values()), "sum")
     if capacity_factor is None:
         assert dropped == 0, f"{what}: dropless routing dropped {dropped} choices"
     else:
@@ -136,11 +136,11 @@ def test_all_to_all_bytes_match_the_formula(top_k):
     logged = sum(b for _, m in ep.layers for _, b, f in m.comm_bytes)
     assert logged == measured and all(b == f for _, m in ep.layers for _, b, f in m.comm_bytes)
     if n > 1:
-        assert common.mpi_reduce(COMM, measured, "sum") > 0, "tokens should travel between ranks"
+        assert equivalence.mpi_reduce(COMM, measured, "sum") > 0, "tokens should travel between ranks"
     counters = ep.counters()
     assert set(counters) == {i for i, _ in ep.layers}
     for c in counters.values():
-        assert c["tokens_per_expert_total"].sum() == common.mpi_reduce(COMM, c["tokens_per_expert"].sum(), "sum")
+        assert c["tokens_per_expert_total"].sum() == equivalence.mpi_reduce(COMM, c["tokens_per_expert"].sum(), "sum")
 
 
 def test_ep_inside_data_parallel():
@@ -188,10 +188,10 @@ def test_a_rank_whose_experts_get_no_tokens():
     yl = layer(xl)
     ((yl * Tensor(g[mine])).sum() + layer.aux["balance"] * (1.0 / n)).backward()
     assert layer.aux["tokens_per_expert"][0] == 6 and layer.aux["tokens_per_expert"].sum() == 6
-    assert harness.rel_diff(xl.grad, xr.grad[mine])[0] <= 1e-12, "input gradient"
-    assert harness.rel_diff(yl.data, yr.data[mine])[0] <= 1e-12, "output"
+    assert equivalence.rel_diff(xl.grad, xr.grad[mine])[0] <= 1e-12, "input gradient"
+    assert equivalence.rel_diff(yl.data, yr.data[mine])[0] <= 1e-12, "output"
     if rank == 0:
-        assert harness.rel_diff(layer.c_fc.weight.grad, ref.c_fc.weight.grad[:2])[0] <= 1e-12
+        assert equivalence.rel_diff(layer.c_fc.weight.grad, ref.c_fc.weight.grad[:2])[0] <= 1e-12
     else:
         assert layer.c_fc.weight.grad is None, "an expert that got no rows gets no gradient"
     assert len(layer.comm_bytes) == 4

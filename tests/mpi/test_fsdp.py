@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.data import shard_slice
-from minidist.lessons import common, harness
+from minidist import equivalence
 from minidist.parallel import fsdp as fsdp_module
 from minidist.parallel.fsdp import FSDP
 from minidist.parallel.zero import expected_sent, reference_slice
@@ -43,14 +43,14 @@ def run(reshard, prefetch):
     f = FSDP(model, opt, COMM, reshard_after_forward=reshard, prefetch=prefetch)
     rows = shard_slice(BATCH, COMM.Get_rank(), N, ACCUM)
     with stats.measure() as m:
-        losses, state, _ = common.train_and_collect(model, f, DATA, ARGS, TC, rows, ACCUM, f)
+        losses, state, _ = equivalence.train_and_collect(model, f, DATA, ARGS, TC, rows, ACCUM, f)
     ref_losses, ref_state = reference()
-    state["loss"] = common.mpi_reduce(COMM, losses, "sum") / N
+    state["loss"] = equivalence.mpi_reduce(COMM, losses, "sum") / N
     ref = {k: reference_slice(k, ref_state) for k in state if k != "loss"}
     ref["loss"] = np.array(ref_losses)
-    rel, _, worst = harness.compare(state, ref)
+    rel, _, worst = equivalence.compare(state, ref)
     sent = {c: m.bytes_sent(c) // ARGS.steps for c in ("reduce_scatter", "all_gather", "all_reduce")}
-    return SimpleNamespace(rel=common.mpi_reduce(COMM, rel), worst=worst, f=f, sent=sent, model=model)
+    return SimpleNamespace(rel=equivalence.mpi_reduce(COMM, rel), worst=worst, f=f, sent=sent, model=model)
 
 
 CHOICES = [(True, False), (True, True), (False, False), (False, True)]

@@ -1,4 +1,4 @@
-"""Mixture-of-experts blocks inside pipeline stages against one process (issue 19, "Composes").
+"""Mixture-of-experts blocks inside pipeline stages against one process ("Composes").
 
     mpirun -n 2 python -m pytest -q --only-mpi tests/mpi/test_moe_pipeline.py
 
@@ -19,8 +19,8 @@ import pytest
 from mpi4py import MPI
 
 from minidist.comm import ProcessGrid, stats
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel, expected_p2p_bytes
@@ -99,7 +99,7 @@ def worst(cfg, name, m, v=1, loss=True, recompute="none"):
     if loss:
         losses = mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp
         state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
-    rel, _, where = harness.compare(state, mine)
+    rel, _, where = equivalence.compare(state, mine)
     return mpi_reduce(COMM, rel), where, sum(dropped), (grid, model, runner, meas)
 
 

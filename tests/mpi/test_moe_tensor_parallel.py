@@ -1,4 +1,4 @@
-"""Experts with tensor parallelism (issue 19, "composes"): TP 2 x EP 2 at 4 ranks, TP 2 x EP 1 at 2.
+"""Experts with tensor parallelism ("composes"): TP 2 x EP 2 at 4 ranks, TP 2 x EP 1 at 2.
 
     mpirun -n 4 python -m pytest -q --only-mpi tests/mpi/test_moe_tensor_parallel.py
     mpirun -n 2 python -m pytest -q --only-mpi tests/mpi/test_moe_tensor_parallel.py
@@ -24,8 +24,8 @@ from mpi4py import MPI
 
 from minidist.comm import ProcessGrid, all_reduce
 from minidist.data import shard_slice
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.expert_parallel import ExpertParallel, ExpertParallelMoE, expert_parallel
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, TPError, gather_state
@@ -107,7 +107,7 @@ def run(E, top_k, capacity_factor, dropout=0.0, moe_every=2, ep_size=None):
     moe = tuple(f".h.{i}{part}" for i, _ in ep.layers for part in EXPERT_PARTS)
     ref = {k: (v[lo:hi] if any(m in k for m in moe) else v) for k, v in reference(key).items()}
     assert set(state) == set(ref), "the parallel run should report every tensor the reference does"
-    rel, _, worst = harness.compare(state, ref)
+    rel, _, worst = equivalence.compare(state, ref)
     return mpi_reduce(COMM, rel), worst, ep, model, grid
 
 

@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from minidist.data import shard_slice
-from minidist.lessons import common
+from minidist import equivalence
 from minidist.parallel.fsdp import Units
 from minidist.parallel.zero import ZeRO
 from sharded_setup import ACCUM, BATCH, Setup
@@ -51,7 +51,7 @@ def run(stage, **kw):
         after = z.offload_bytes()
         reads.append((after["bytes_read"] - before["bytes_read"], after["bytes_written"] - before["bytes_written"]))
     z.step = counted_step
-    losses, state, _ = common.train_and_collect(model, z, DATA, ARGS, TC, rows, ACCUM, z)
+    losses, state, _ = equivalence.train_and_collect(model, z, DATA, ARGS, TC, rows, ACCUM, z)
     for g in z.groups:
         for name, q in zip(g.names_of_pieces, g.pieces):
             s = z.inner.state[id(q)]

@@ -9,7 +9,7 @@ of each step (after the pipeline's sync, before clipping) and every weight at th
 must equal the single-process run's: max_rel_diff <= 1e-10. The run's peak live
 activations equal the simulator's, the point-to-point bytes b*s*h per micro-batch per
 boundary each way. Every schedule again in float32, held to the harness's float32
-tolerance (harness.TOLERANCE), and plain SGD without clipping in both dtypes, so a
+tolerance (equivalence.TOLERANCE), and plain SGD without clipping in both dtypes, so a
 constant factor would show in the weights too. A micro-batch loss not scaled by 1/m and
 a tied embedding whose two copies are not summed must fail the same comparison.
 ZB-H1's split is real: every Linear weight of a stage gets its gradient in a W, not in
@@ -24,8 +24,8 @@ import pytest
 from mpi4py import MPI
 
 from minidist.comm import ProcessGrid, stats
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel import schedules
@@ -108,7 +108,7 @@ def worst(cfg, name, m, v=1, sgd=False, **kw):
     losses = list(mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
     mine = {k: ref_state[k] for k in state}
     state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
-    rel, _, where = harness.compare(state, mine)
+    rel, _, where = equivalence.compare(state, mine)
     return mpi_reduce(COMM, rel), where, (grid, model, runner, meas, rows)
 
 
@@ -174,7 +174,7 @@ def test_float32_schedule_equals_one_process(name, m, v):
     """The same comparison in float32, AdamW after clipping, to the lessons' float32 tolerance."""
     cfg = config(n_layer=2 * PP if v == 2 else 5, dtype="float32")
     rel, where, _ = worst(cfg, name, m, v)
-    tol = harness.TOLERANCE["float32"]
+    tol = equivalence.TOLERANCE["float32"]
     assert rel <= tol, f"float32 {name}, p={PP}, m={m}: max_rel_diff {rel:.2e} > {tol} (worst {where})"
 
 
@@ -182,7 +182,7 @@ def test_float32_schedule_equals_one_process(name, m, v):
 def test_sgd_without_clipping_equals_one_process(dtype):
     """Nothing between the raw gradients and the weights rescales them: the update is -lr x g."""
     rel, where, _ = worst(config(dtype=dtype), "1f1b", 4, sgd=True)
-    tol = harness.TOLERANCE[dtype]
+    tol = equivalence.TOLERANCE[dtype]
     assert rel <= tol, f"{dtype} 1f1b SGD, p={PP}: max_rel_diff {rel:.2e} > {tol} (worst {where})"
 
 
@@ -190,7 +190,7 @@ def test_sgd_without_clipping_equals_one_process(dtype):
 def test_a_missing_one_over_m_fails(dtype):
     """Clipping then AdamW would hide the factor m in the weights; the raw gradients show it."""
     rel, _, _ = worst(config(dtype=dtype), "1f1b", 4, scale_bug=True)
-    assert rel > harness.TOLERANCE[dtype] * 100
+    assert rel > equivalence.TOLERANCE[dtype] * 100
 
 
 @pytest.mark.skipif(PP < 2, reason="one stage holds both uses of wte")
@@ -198,7 +198,7 @@ def test_tied_embedding_not_summed_fails():
     grid, model, runner, losses, state, meas, rows = pipeline(config(), "1f1b", 4, 1, False, skip_tied=True)
     _, ref_state = reference(config(), rows, False)
     key = "grad:transformer.wte.weight@step0"     # where the bug starts: wte's raw gradient at step 0
-    mine = harness.compare({key: state[key]}, {key: ref_state[key]})[0] if key in state else 0.0
+    mine = equivalence.compare({key: state[key]}, {key: ref_state[key]})[0] if key in state else 0.0
     held = [k for k in state if "wte" in k]
     assert not held or key in state
     assert mpi_reduce(COMM, mine) > 1e-3            # on the first and the last stage, which hold wte

@@ -16,8 +16,8 @@ from mpi4py import MPI
 
 from minidist import recompute
 from minidist.comm import stats
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.tp_formulas import expected_bytes
 from minidist.plan.memory import recompute_peak_elements
@@ -66,7 +66,7 @@ def reference(request):
 def test_each_policy_equals_no_recomputation_and_sends_the_rerun(reference, policy):
     sp, (_, ref_state, ref_sent) = reference
     model, state, sent = _train(policy, sp)
-    rel, _, worst = harness.compare(state, ref_state)
+    rel, _, worst = equivalence.compare(state, ref_state)
     rel = mpi_reduce(COMM, rel)
     assert rel <= 1e-12, f"{policy} at t={WORLD}: max_rel_diff {rel:.2e} (this rank's worst: {worst})"
     again = 0 if policy == "selective" else L

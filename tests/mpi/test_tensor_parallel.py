@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from minidist.comm import ProcessGrid, chunk_bounds, stats
 from minidist.data import shard_slice
-from minidist.lessons import harness
-from minidist.lessons.common import mpi_reduce
+from minidist import equivalence
+from minidist.equivalence import mpi_reduce
 from minidist.model import GPT, GPTConfig
 from minidist.parallel import sequence_parallel, tensor_parallel as tpm, tp_model
 from minidist.parallel.data_parallel import NaiveDataParallel
@@ -99,7 +99,7 @@ def run_tp(tp=WORLD, sp=False, dtype="float64", dropout=0.0, keep_gathered=False
     for step, raw in enumerate(raws):
         state.update(gather_state(model, raw, prefix=f"grad{step}:"))
     state.update(gather_state(model, prefix="weight:"))
-    rel, _, worst = harness.compare(state, reference(dtype, dropout))
+    rel, _, worst = equivalence.compare(state, reference(dtype, dropout))
     return mpi_reduce(COMM, rel), model, grid, sent, worst
 
 
@@ -120,7 +120,7 @@ def test_float64_matches_one_process(sp, dropout):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
 def test_float32_within_the_harness_tolerance(sp):
     rel, _, _, _, worst = run_tp(sp=sp, dtype="float32")
-    tol = harness.TOLERANCE["float32"]
+    tol = equivalence.TOLERANCE["float32"]
     assert rel <= tol, f"float32, sequence parallel {sp}: max_rel_diff {rel:.2e} > {tol} ({worst})"
 
 
@@ -201,7 +201,7 @@ def test_sequence_parallel_at_an_uneven_length(dropout):
         state = (gather_state(model, raw, prefix="grad:") if name == "tp+sp"
                  else {f"grad:{k}": v for k, v in raw.items()})
         got[name] = dict(state, loss=np.array([loss]))
-    rel, _, worst = harness.compare(got["tp+sp"], got["one process"])
+    rel, _, worst = equivalence.compare(got["tp+sp"], got["one process"])
     assert mpi_reduce(COMM, rel) <= 1e-10, f"T={n}, t={WORLD}, dropout {dropout}: max_rel_diff {rel:.2e} in {worst}"
 
 # ----------------------------------------------------------------------------- bytes

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from minidist.comm import ring_reduce_scatter, stats
 from minidist.data import shard_slice
-from minidist.lessons import common, harness
+from minidist import equivalence
 from minidist.parallel import zero as zero_module
 from minidist.parallel.fsdp import Units
 from minidist.parallel.zero import ZeRO, expected_sent, reference_slice
@@ -43,15 +43,15 @@ def run(**kw):
     z = ZeRO(model, opt, COMM, units=units, **kw)
     rows = shard_slice(BATCH, COMM.Get_rank(), N, ACCUM)
     with stats.measure() as m:
-        losses, state, _ = common.train_and_collect(model, z, DATA, ARGS, TC, rows, ACCUM, z)
+        losses, state, _ = equivalence.train_and_collect(model, z, DATA, ARGS, TC, rows, ACCUM, z)
     ref_losses, ref_state = reference()
     state = {k: v for k, v in state.items()}
-    state["loss"] = common.mpi_reduce(COMM, losses, "sum") / N
+    state["loss"] = equivalence.mpi_reduce(COMM, losses, "sum") / N
     ref = {k: reference_slice(k, ref_state) for k in state if k != "loss"}
     ref["loss"] = np.array(ref_losses)
-    rel, _, worst = harness.compare(state, ref)
+    rel, _, worst = equivalence.compare(state, ref)
     sent = {c: m.bytes_sent(c) // ARGS.steps for c in ("reduce_scatter", "all_gather", "all_reduce")}
-    return SimpleNamespace(rel=common.mpi_reduce(COMM, rel), worst=worst, z=z, sent=sent, model=model)
+    return SimpleNamespace(rel=equivalence.mpi_reduce(COMM, rel), worst=worst, z=z, sent=sent, model=model)
 
 
 CASES = {"stage 1": dict(stage=1), "stage 2 naive": dict(stage=2, bucket_bytes=4096),
