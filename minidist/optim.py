@@ -35,6 +35,10 @@ class Optimizer:
         for p in self.parameters():
             p.grad = None
 
+    def store_grads(self):
+        """train_step calls this after the gradients are synchronised: a plain optimizer
+        keeps them where they are (precision.MixedPrecision stores them in its dtype)."""
+
     def set_lr(self, lr):
         """Set the learning rate of every group (a schedule calls this once per step)."""
         for g in self.param_groups:

@@ -7,7 +7,6 @@ A parallel strategy changes what happens around backward and before the optimize
 and `train_step(..., raw_grads={})` hands back the gradients that slot produced, before
 clipping and the optimizer touch them: what a parallel run is compared on.
 """
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -16,6 +15,7 @@ import numpy as np
 
 from minidist.backend import xp
 from minidist.optim import clip_grad_norm
+from minidist.parallel.strategy import Strategy
 from minidist.rng import DropoutRNG
 from minidist.tensor import no_grad
 
@@ -82,17 +82,17 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     """One optimizer step. Returns (mean loss over the micro-batches, grad norm or None).
 
     batches: [(x, y, rng)] micro-batches; each loss is scaled by micro_batch_scale(k)
-    = 1/k so the accumulated gradient is the gradient of the mean loss. dp: a gradient
-    synchroniser (see minidist/parallel/data_parallel.py): each backward runs inside
-    dp.backward_context(last), where it may communicate, and dp.sync() runs after the
-    last one, before clipping. Clipping needs the norm of the whole model's gradient: a
-    dp that holds only part of it (tensor parallelism's shards) has grad_norm_sq(params)
-    to supply it; otherwise the norm of the local gradients is the whole one (every
-    data-parallel replica holds the same gradients after sync).
+    = 1/k so the accumulated gradient is the gradient of the mean loss. dp: a parallel
+    strategy (minidist/parallel/strategy.py's Strategy; None: one process): each backward
+    runs inside dp.backward_context(last), where it may communicate, and dp.sync() runs
+    after the last one, before clipping. Clipping needs the norm of the whole model's
+    gradient: a strategy that holds only part of it (tensor parallelism's shards) supplies
+    it from grad_norm_sq(held); otherwise (None) the norm of the local gradients is the
+    whole one (every data-parallel replica holds the same gradients after sync).
 
-    A pipeline's dp slot has forward_backward(model, batches, scale) instead: it runs every
-    forward and backward of the step in its schedule's order and returns the mean loss
-    (minidist/parallel/pipeline_parallel.py).
+    A pipeline's strategy has owns_schedule = True: its forward_backward(model, batches,
+    scale) runs every forward and backward of the step in its schedule's order and returns
+    the mean loss (minidist/parallel/pipeline_parallel.py).
 
     raw_grads: a dict to fill with a copy of every parameter's gradient as it stands
     after dp.sync() and before clipping and the optimizer ({name: array}, None for a
@@ -100,41 +100,38 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     rescales the gradients to a fixed norm and AdamW divides by their own size, so
     between them a gradient wrong by a constant factor would leave the weights right.
 
-    Mixed precision (minidist/precision.py): an optimizer with store_grads() (MixedPrecision)
-    keeps the synchronised gradients in its storage dtype first; `scaler` (a GradScaler)
-    multiplies the loss by its scale before backward, divides the gradients by it after
-    the sync (raw_grads, clipping and the step see unscaled gradients), and skips the
-    step when a gradient overflowed.
+    optimizer.store_grads() runs after the sync (a no-op for optim's optimizers; mixed
+    precision's MixedPrecision keeps the gradients in its storage dtype there). `scaler`
+    (a GradScaler) multiplies the loss by its scale before backward, divides the gradients
+    by it after the sync (raw_grads, clipping and the step see unscaled gradients), and
+    skips the step when a gradient overflowed.
     """
-    params = list(model.parameters())
+    dp = Strategy() if dp is None else dp
     optimizer.zero_grad()
     k, total = len(batches), 0.0
     scale = micro_batch_scale(k) * (scaler.scale if scaler is not None else 1.0)
-    if hasattr(dp, "forward_backward"):     # a pipeline runs its micro-batches in its own order
+    if dp.owns_schedule:        # a pipeline runs its micro-batches in its own order
         total = dp.forward_backward(model, batches, scale)
     else:
         for i, (x, y, rng) in enumerate(batches):
             _, loss = model(x, y, rng=rng)
-            with dp.backward_context(last=i == k - 1) if dp is not None else contextlib.nullcontext():
+            with dp.backward_context(last=i == k - 1):
                 (loss * scale).backward()
             total += loss.item() / k
-    if dp is not None:
-        dp.sync()
-    # ZeRO keeps each rank's partition of the gradients outside the model: its dp slot
-    # names them (named_grads) and hands over the tensors holding them (grad_params)
-    named = dp.named_grads() if hasattr(dp, "named_grads") else model.named_parameters()
-    if hasattr(optimizer, "store_grads"):
-        optimizer.store_grads()
+    dp.sync()
+    # ZeRO keeps each rank's partition of the gradients outside the model: its strategy
+    # names the tensors holding them (named_grads)
+    named = list(dp.named_grads(model))
+    optimizer.store_grads()
     if scaler is not None:
         scaler.unscale_([p for _, p in named])
     if raw_grads is not None:
         for name, p in named:
             raw_grads[name] = None if p.grad is None else xp.array(p.grad)   # a copy
     norm = None
-    if grad_clip:       # the norm of the whole model: a sharded model's dp slot supplies it
-        held = [p for _, p in named] if hasattr(dp, "named_grads") else params
-        norm_sq = dp.grad_norm_sq(held) if hasattr(dp, "grad_norm_sq") else None
-        norm = clip_grad_norm(held, grad_clip, norm_sq)
+    if grad_clip:       # the norm of the whole model: a sharded model's strategy supplies it
+        held = [p for _, p in named]
+        norm = clip_grad_norm(held, grad_clip, dp.grad_norm_sq(held))
     optimizer.set_lr(lr)
     if scaler is None or not scaler.found_inf:      # an overflowed step is skipped
         optimizer.step()

@@ -30,6 +30,7 @@ import numpy as np
 
 from minidist.comm import all_reduce, broadcast, ring_all_reduce_start
 from minidist.plan.rules import assign_buckets   # exercise 2.2's answer, the planner's too
+from minidist.parallel.strategy import Strategy
 from minidist.tensor import backward_step_callback
 
 
@@ -66,7 +67,7 @@ def average_gradients(comm, grads):
     return [all_reduce(comm, g, op="sum") / n for g in grads]
 
 
-class NaiveDataParallel:
+class NaiveDataParallel(Strategy):
     """All-reduce every gradient after backward, one parameter at a time."""
 
     def __init__(self, model, comm):
@@ -76,13 +77,7 @@ class NaiveDataParallel:
     def __call__(self, *args, **kw):
         return self.model(*args, **kw)
 
-    @contextlib.contextmanager
-    def backward_context(self, last):
-        """Wrap one micro-batch's backward. The naive version communicates only in sync()."""
-        yield
-
-    def no_sync(self):
-        return self.backward_context(last=False)
+    # backward_context: Strategy's (nothing); the naive version communicates only in sync()
 
     def sync(self):
         """Average gradients across ranks: a ring all-reduce per parameter, then / N."""
@@ -109,7 +104,7 @@ class Bucket:
         return self.flat.nbytes
 
 
-class BucketedDataParallel:
+class BucketedDataParallel(Strategy):
     """PyTorch DDP's recipe: buckets in reverse parameter order, each all-reduced as soon
     as it is full, overlapping the rest of backward."""
 
@@ -166,9 +161,6 @@ class BucketedDataParallel:
         with backward_step_callback(self._progress):
             yield
         self.timeline["backward_end"] = time.perf_counter()
-
-    def no_sync(self):
-        return self.backward_context(last=False)
 
     def _grad_ready(self, p):
         """A gradient is complete: copy it into its bucket; start the buckets that are full."""

@@ -82,7 +82,6 @@ both) and of its experts; a sum would double them. The clipping norm
 replicated parameter and the router once (this rank's copy), and each expert once
 (expert_grad_norm_sq: summed over this TP rank's ep group only).
 """
-import contextlib
 
 import numpy
 
@@ -93,6 +92,7 @@ from minidist.moe import (MoEMLP, StackedLinear, balance_loss, combine_weights, 
                           expert_mlp, gates, scatter_add_rows, select, z_loss)
 from minidist.nn import Parameter
 from minidist.parallel.data_parallel import average_gradients
+from minidist.parallel.strategy import Strategy
 from minidist.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- the all-to-all Function
@@ -172,6 +172,11 @@ class ExpertParallelMoE(MoEMLP):
     [(which all-to-all, bytes sent measured, by formula)] since the last reset.
     pad_to_capacity: send the padded (E, capacity, C) buffer (module docstring).
     """
+
+    def held_experts(self):
+        """(lo, hi, E): this rank holds experts [lo, hi) of E, stacked on the first axis
+        of c_fc's and c_proj's tensors (what a checkpoint saves of them)."""
+        return self.lo, self.hi, self.n_expert
 
     def __init__(self, moe, ep_comm, pad_to_capacity=False):
         E, ep, r = moe.n_expert, ep_comm.Get_size(), ep_comm.Get_rank()
@@ -292,7 +297,7 @@ def expert_parallel(model, ep_comm, dp_comm=None, pad_to_capacity=False):
     return ExpertParallel(model, ep_comm, dp_comm)
 
 
-class ExpertParallel:
+class ExpertParallel(Strategy):
     """The gradient synchroniser of an expert-parallel model, and its per-step counters."""
 
     def __init__(self, model, ep_comm, dp_comm):
@@ -311,12 +316,8 @@ class ExpertParallel:
     def __call__(self, *args, **kw):
         return self.model(*args, **kw)
 
-    @contextlib.contextmanager
-    def backward_context(self, last):
-        yield                         # the all-to-alls run inside backward; sync() does the rest
-
-    def no_sync(self):
-        return self.backward_context(last=False)
+    # backward_context: Strategy's (nothing): the all-to-alls run inside backward; sync()
+    # does the rest
 
     def sync(self):
         """Dense gradients: the mean over every data-parallel rank. Expert gradients: the sum

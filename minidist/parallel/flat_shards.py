@@ -93,6 +93,16 @@ class Group:
         for q, (p, off) in zip(self.pieces, self._piece_spans()):
             q.grad = self.grad[off:off + q.size].reshape(q.shape)
 
+    def spans(self):
+        """[(piece, owner parameter, name, a, b)]: each piece holds elements [a, b) of its
+        parameter, flattened in C order (what a checkpoint saves of this partition)."""
+        out = []
+        for q, p, label in zip(self.pieces, self.owner, self.names_of_pieces):
+            name, span = label.rsplit("[", 1)              # "name[a:b]"
+            a, b = (int(v) for v in span.rstrip("]").split(":"))
+            out.append((q, p, name, a, b))
+        return out
+
     def _piece_spans(self):
         for q, p in zip(self.pieces, self.owner):
             i = self.params.index(p)

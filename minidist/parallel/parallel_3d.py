@@ -39,6 +39,7 @@ from minidist.comm import all_reduce, stats
 from minidist.optim import grad_norm_sq
 from minidist.parallel.data_parallel import NaiveDataParallel
 from minidist.parallel.pipeline_parallel import PipelineGPT, PipelineParallel
+from minidist.parallel.strategy import Strategy
 from minidist.parallel.tp_formulas import replicated_elements
 from minidist.parallel.tp_model import TensorParallelGPT, shard, shard_shape
 from minidist.parallel.zero import flat_groups
@@ -62,7 +63,7 @@ def counted_once(stage, tp_model, tp_rank):
             if id(p) != tied and (n in tp_model.specs or tp_rank == 0)}
 
 
-class Parallel3D:
+class Parallel3D(Strategy):
     """train_step's optimizer and dp slot at once (as ZeRO is): the composed step.
 
     forward_backward runs the pipeline schedule (TP's collectives happen inside each
@@ -71,6 +72,7 @@ class Parallel3D:
     counts every element once; step runs AdamW (or ZeRO's, with its all-gather).
     `traffic` holds what this rank sent in the last step, by group and collective.
     """
+    owns_schedule = True
 
     def __init__(self, stage, tp_model, grid, schedule, m, opt, zero=None):
         if tp_model.sequence_parallel:     # the stages would run plain TP, silently: refuse
@@ -104,6 +106,9 @@ class Parallel3D:
     def set_lr(self, lr):
         self.opt.set_lr(lr)
 
+    def store_grads(self):
+        """Nothing: AdamW (or ZeRO's) steps on the gradients where sync left them."""
+
     def step(self):
         with self._measured("dp"):                 # ZeRO-1's all-gather of the updated weights
             self.opt.step()
@@ -130,10 +135,10 @@ class Parallel3D:
             elif self.data is not None:
                 self.data.sync()
 
-    def named_grads(self):
+    def named_grads(self, model=None):
         return self.zero.named_grads() if self.zero is not None else self.stage.named_parameters()
 
-    def named_weights(self):
+    def named_weights(self, model=None):
         return self.zero.named_weights() if self.zero is not None else self.stage.named_parameters()
 
     def grad_norm_sq(self, held):

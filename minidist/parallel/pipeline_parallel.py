@@ -71,6 +71,7 @@ from minidist.nn import Module, ModuleDict
 from minidist.ops import cross_entropy
 from minidist.optim import grad_norm_sq
 from minidist.parallel import schedules
+from minidist.parallel.strategy import Strategy
 from minidist.plan.traffic import pp_sent
 from minidist.rng import DropoutRNG
 from minidist.tensor import Tensor, deferred_weight_grads, run_weight_grads
@@ -156,6 +157,16 @@ class PipelineGPT(Module):
         policy = getattr(full, "recompute", None)      # as the whole model was set, k included
         self.set_recompute(policy.name if policy else "none", policy.k if policy else None)
 
+    @property
+    def tensor_parallel(self):
+        """The TensorParallelGPT this stage was cut from (its ends' owner), else None: how
+        its parameters are sharded, for a checkpoint (minidist/checkpoint/layouts.py)."""
+        for end in self._ends:
+            owner = getattr(end, "__self__", None)
+            if owner is not None and getattr(owner, "tensor_parallel", None) is owner:
+                return owner
+        return None
+
     def blocks(self, c=None):
         """This rank's blocks, in order (c: chunk c's only)."""
         stages = self.stages if c is None else [self.stages[c]]
@@ -234,7 +245,7 @@ def exchange(comm, send=None, recv=None):
 
 # ----------------------------------------------------------------------------- the executor
 
-class PipelineParallel:
+class PipelineParallel(Strategy):
     """The `dp` slot of train_step for a pipeline: runs the schedule, then syncs.
 
     forward_backward(model, batches, scale) replaces train_step's loop over micro-batches
@@ -242,6 +253,7 @@ class PipelineParallel:
     embedding's two copies and averages over data-parallel replicas; grad_norm_sq()
     adds every stage's part of the squared gradient norm (wte counted once).
     """
+    owns_schedule = True
 
     def __init__(self, model, comm, schedule_name, m, dp=None):
         from mpi4py import MPI

@@ -100,7 +100,7 @@ class ReduceFromTensorParallel(Function):
     """
     @staticmethod
     def forward(ctx, x, comm):
-        ctx.comm = comm                  # unused by the right backward; a planted bug uses it
+        ctx.comm = comm                  # g_backward has f_backward's signature; it ignores comm
         return g_forward(comm, x)
 
     @staticmethod

@@ -37,7 +37,6 @@ to an ep group carved out of the data-parallel ranks, one per TP rank:
 and how the gradients and the clipping norm are counted.) Sequence parallelism with
 MoE is refused: each rank would route only its slice of the sequence.
 """
-import contextlib
 
 import numpy as np
 
@@ -49,6 +48,7 @@ from minidist.nn import Module, ModuleDict, ModuleList, Parameter
 from minidist.optim import grad_norm_sq
 from minidist.parallel.sequence_parallel import sequence_bounds
 from minidist.parallel import tensor_parallel
+from minidist.parallel.strategy import Strategy
 from minidist.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, SlicedRNG,
                                                enter_region, leave_region, padded_vocab, sequence_dropout,
                                                split_for_rank, vocab_parallel_argmax, vocab_parallel_cross_entropy,
@@ -215,6 +215,12 @@ class TensorParallelGPT(Module):
     input (no re-gather in backward) instead of this rank's slice (sequence_parallel.py).
     """
 
+    @property
+    def tensor_parallel(self):
+        """Itself: a model that says how its parameters are sharded (specs, full_shapes,
+        tp_rank, tp), for a checkpoint (minidist/checkpoint/layouts.py)."""
+        return self
+
     def __init__(self, full, comm, sequence_parallel=False, sp_keep_gathered=False):
         cfg, t, r = full.config, comm.Get_size(), comm.Get_rank()
         if cfg.n_head % t:
@@ -378,7 +384,7 @@ def gather_state(model, arrays=None, prefix=""):
 # ----------------------------------------------------------------------------- the training step's slot
 
 
-class TensorParallelSync:
+class TensorParallelSync(Strategy):
     """The `dp` slot of minidist.train.train_step for a tensor-parallel model.
 
     sync(), after the last backward: under sequence parallelism the replicated
@@ -407,9 +413,7 @@ class TensorParallelSync:
         self.model, self.dp = model, dp
 
     def backward_context(self, last):
-        if self.dp is not None:
-            return self.dp.backward_context(last)
-        return contextlib.nullcontext()
+        return self.dp.backward_context(last) if self.dp is not None else super().backward_context(last)
 
     def sync(self):
         m = self.model

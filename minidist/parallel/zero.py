@@ -48,6 +48,7 @@ from mpi4py import MPI
 from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_reduce_scatter_start
 from minidist.optim import AdamW, grad_norm_sq
+from minidist.parallel.strategy import Strategy
 from minidist.parallel import offload as offload_module
 from minidist.parallel.data_parallel import assign_buckets
 # the flat sharded buffer and the exercises' answers 5.1 and 5.2, re-exported under these
@@ -71,7 +72,7 @@ def sharded_adamw(opt, groups):
     return AdamW(param_groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"])
 
 
-class ZeRO:
+class ZeRO(Strategy):
     """Stages 1 and 2, and stage 3 over the units it is given (fsdp.Units).
 
     stage 1: gradients accumulate whole on each rank, one reduce-scatter in sync().
@@ -131,6 +132,9 @@ class ZeRO:
 
     def set_lr(self, lr):
         self.inner.set_lr(lr)
+
+    def store_grads(self):
+        """Nothing: the reduced partitions are where the step reads them."""
 
     def state_bytes(self):
         return self.inner.state_bytes()
@@ -221,7 +225,7 @@ class ZeRO:
             g.add_grad(reduce_scatter_grad(self.comm, g.flat_grads(drop=False)))
             self._note_grads()
 
-    def named_grads(self):
+    def named_grads(self, model=None):
         """My partition's gradients, as (name[a:b], piece) pairs: what the run is compared on."""
         return [(name, q) for g in self.groups for name, q in zip(g.names_of_pieces, g.pieces)]
 
@@ -232,6 +236,46 @@ class ZeRO:
         out = np.empty(1)
         self.comm.Allreduce(mine, out, op=MPI.SUM)
         return float(out[0])
+
+    # -- what a checkpoint saves and loads of this rank (minidist/checkpoint/layouts.py)
+    def checkpoint_pieces(self, model=None, opt=None):
+        """(pieces, states): my partition of every parameter, a flat range [a, b) of it in
+        C order, for the weights and AdamW's m and v alike; states: AdamW's per piece."""
+        from minidist.checkpoint.layouts import Held
+        out, states = [], []
+        shapes = {n: tuple(sh) for g in self.groups for n, sh in zip(g.names, g.shapes)}
+        for g in self.groups:
+            for q, _, name, a, b in g.spans():
+                region = {"flat": [a, b]}
+                out.append(Held(f"model.{name}", shapes[name], region, q.data.reshape(-1)))
+                st = self.inner.state.get(id(q))
+                states.append(st)
+                if st is not None:
+                    out.append(Held(f"optim.exp_avg.{name}", shapes[name], region, st["exp_avg"].reshape(-1)))
+                    out.append(Held(f"optim.exp_avg_sq.{name}", shapes[name], region,
+                                    st["exp_avg_sq"].reshape(-1)))
+        return out, states
+
+    def checkpoint_tensors(self, model=None):
+        """[(name, global shape, dtype)] of every parameter I hold part of."""
+        return [(n, tuple(sh), g.dtype) for g in self.groups for n, sh in zip(g.names, g.shapes)]
+
+    def checkpoint_optimizer(self, opt=None):
+        """The optimizer whose state a checkpoint fills: my pieces' AdamW."""
+        return self.inner
+
+    def checkpoint_params(self, model=None, opt=None):
+        """The tensors AdamW keeps state for: my pieces."""
+        return [q for g in self.groups for q in g.pieces]
+
+    def checkpoint_loaded(self):
+        """Stages 1 and 2: the whole weights on every rank, as after a step."""
+        if self.stage < 3:
+            for g in self.groups:
+                g.write_back(ring_all_gather(self.comm, g.flat_data()[g.lo:g.hi]))
+
+    def checkpoint_layout(self, model=None):
+        return f"zero{self.stage}"
 
     # -- memory, measured from the arrays this rank holds
     def _note_grads(self):
@@ -261,7 +305,7 @@ class ZeRO:
             params += sum(g.shard.nbytes for g in self.groups)
         return {"params": params, "grads": self.held_grad_bytes, "optimizer": self.state_bytes()}
 
-    def named_weights(self):
+    def named_weights(self, model=None):
         """Stage 3: my shards, as (name[a:b], piece); stages 1 and 2: the whole model."""
         if self.stage < 3:
             return self.model.named_parameters()

@@ -53,6 +53,7 @@ from minidist.grader.checks import Exercise, own_session, world_then_groups, you
 from minidist.grader.checks.ex01_collectives import Kept
 from minidist.grader.plugin import Run, plugged
 from minidist.parallel import compression
+from minidist.parallel.strategy import Strategy
 from minidist import precision
 
 MIN_RANKS = 3      # at -n 3 the check runs on 3 ranks, then on groups of 2 and of 1
@@ -687,7 +688,7 @@ def _members(s, world):
     return list(range(s.size())) if s is world else list(world.group)
 
 
-class _PowerSGD:
+class _PowerSGD(Strategy):
     """A dp slot for train_step: every weight matrix through step_fn (PowerSGD with error
     feedback, rank 2), the vectors averaged with the ring."""
 

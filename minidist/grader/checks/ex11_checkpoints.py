@@ -414,6 +414,10 @@ class _Ranks:
                 self.state[id(q)] = {"step": s["step"], "exp_avg": shard(s["exp_avg"], spec, rank, t),
                                      "exp_avg_sq": shard(s["exp_avg_sq"], spec, rank, t)}
 
+    @property
+    def tensor_parallel(self):      # as TensorParallelGPT: the model says how it is cut
+        return self
+
     def named_parameters(self):
         return list(self.named)
 
