@@ -257,13 +257,16 @@ def positive_float(text):
 def parser(description, steps=3, dtype="float64"):
     """The flags every lesson takes (and bench, with steps=None); a program adds its own.
 
-    steps=None: a program that does not train has no --steps.
+    steps=None: a program that does not train has no --steps; dtype=None: one that computes
+    no arrays (a planner in Python numbers) has no --dtype.
     """
     p = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if steps is not None:
         p.add_argument("--steps", type=positive_int, default=steps, help="training steps (default %(default)s)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=dtype,
-                   help="float64 checks exactness, float32 is the speed case (default %(default)s)")
+    if dtype is not None:
+        p.add_argument("--dtype", choices=["float32", "float64"], default=dtype,
+                       help="float64 checks exactness, float32 is the speed case "
+                            "(default %(default)s)")
     p.add_argument("--seed", type=nonnegative_int, default=1337, help="seed for weights and batches (0 or more)")
     add_output(p, "--json", help="write the lesson's report as JSON on rank 0")
     return p

@@ -8,8 +8,12 @@ and the final weights. `compare` takes the worst tensor's max_rel_diff, held to
 `TOLERANCE`; lessons, tests and the grader all judge with it.
 """
 import math
+import time
 
 import numpy as np
+
+from minidist.backend import to_numpy
+from minidist.train import get_lr, micro_batches, train_step
 
 # Tolerances on max_rel_diff (per tensor: max|a-b| / max|b|). float64 sums in another
 # order differ in the last bits (~1e-16 relative) and a few steps of training amplify
@@ -88,9 +92,6 @@ def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=
       for a parameter without one), see COMPARED for why;
     - "weight:<name>": the weights after the last step.
     """
-    import time
-    from minidist.backend import to_numpy
-    from minidist.train import get_lr, micro_batches, train_step
     losses, times, state = [], [], {}
     for step in range(args.steps):
         x, y = data.get_batch("train", args.batch_size, step)

@@ -55,6 +55,20 @@ class Optimizer:
     def state_bytes(self):
         return sum(a.nbytes for s in self.state.values() for a in s.values() if hasattr(a, "nbytes"))
 
+    # -- what a checkpoint reads of an optimizer (minidist/parallel/pieces.py, checkpoint/layouts.py)
+    def adamw(self):
+        """The AdamW whose m, v and step a checkpoint holds (None: an optimizer without them)."""
+        return None
+
+    def checkpoint_params(self, params):
+        """The tensors this optimizer keeps state for, one per parameter in `params`: the
+        parameters themselves (precision.MixedPrecision: their fp32 masters)."""
+        return list(params)
+
+    def checkpoint_loaded(self):
+        """After a load has filled the tensors of checkpoint_params (MixedPrecision: round
+        the masters into the model's 16-bit weights, as after a step)."""
+
 
 class SGD(Optimizer):
     """p -= lr * (g + wd p), with momentum buf = momentum * buf + g when momentum > 0."""
@@ -91,6 +105,9 @@ class AdamW(Optimizer):
     def __init__(self, params_or_groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01):
         super().__init__(params_or_groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.variance_frozen = False
+
+    def adamw(self):
+        return self
 
     def freeze_variance(self):
         """From now on keep v (and its bias correction) as it is: 1-bit Adam's preconditioner

@@ -223,6 +223,18 @@ class MixedPrecision:
     def state_bytes(self):
         return self.inner.state_bytes()
 
+    # -- what a checkpoint reads (optim.Optimizer's hooks): the fp32 masters are the record
+    def adamw(self):
+        return self.inner.adamw()
+
+    def checkpoint_params(self, params):
+        return [self.master[id(p)] for p in params]
+
+    def checkpoint_loaded(self):
+        for i, p in enumerate(self.params):
+            self.weights16[i][...] = self.master[id(p)].data.astype(self.dt)
+        self._round_weights()
+
 
 # ----------------------------------------------------------------------------- 3. loss scaling
 

@@ -19,7 +19,8 @@ import time
 WIDTH = 100
 
 
-def _clock(seconds):
+def clock(seconds):
+    """Seconds as a clock reads: 75 -> '1:15', 3725 -> '1:02:05' (rounded to the second)."""
     seconds = max(0, int(round(seconds)))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -45,9 +46,9 @@ class Progress:
         if text:
             parts.append(text)
         if 0 < done < self.total:
-            parts.append(f"~ {_clock(elapsed * (self.total - done) / done)} left")
+            parts.append(f"~ {clock(elapsed * (self.total - done) / done)} left")
         elif done >= self.total:
-            parts.append(f"done in {_clock(elapsed)}")
+            parts.append(f"done in {clock(elapsed)}")
         return "  ".join(parts)[:WIDTH]
 
     def update(self, done, text=""):

@@ -1,4 +1,6 @@
-"""The autograd engine: Tensor, Function, backward().
+"""The autograd engine: Tensor, Function, backward(). Over 400 lines but one idea: the graph
+and its walk (the Tensor, the node, the hooks and the deferred weight gradients the walk
+fires) are read together; the ops themselves are in ops.py and fused.py.
 
 A `Tensor` wraps an array (`.data`, NumPy or CuPy through `minidist.backend.xp`) and,
 when it came out of a `Function`, the node that made it. Every op is a `Function` with

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from minidist.checkpoint import store
+from minidist.checkpoint import index as ckindex, read as reader
 
 from launcher import mpirun_cmd, needs_mpirun
 
@@ -42,8 +42,8 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path, kill, r
     before = {f: (root / "step00000001" / f).read_bytes() for f in os.listdir(root / "step00000001")}
     proc = save(root, 2, kill, rank)
     assert proc.returncode != 0, "the job should have ended with its killed rank"
-    assert store.resolve(str(root)).endswith("step00000001") and store.verify(str(root)) == []
+    assert ckindex.resolve(str(root)).endswith("step00000001") and reader.verify(str(root)) == []
     assert {f: (root / "step00000001" / f).read_bytes() for f in before} == before
     assert save(root, 3).returncode == 0                       # the next save publishes and cleans up
-    assert store.resolve(str(root)).endswith("step00000003") and store.verify(str(root)) == []
+    assert ckindex.resolve(str(root)).endswith("step00000003") and reader.verify(str(root)) == []
     assert not [f for f in os.listdir(root) if f.startswith(".tmp-")]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from minidist.checkpoint import cli, store
-from minidist.checkpoint import read as reader
+from minidist.checkpoint import index as ckindex, read as reader
 from minidist.checkpoint import format as format_
 from minidist.checkpoint.format import (CheckpointError, read_header, read_safetensors, read_tensor,
                                         write_safetensors)
@@ -110,37 +110,37 @@ def pieces(step=0):
 
 
 def assert_holds(root, step):
-    ckpt = store.resolve(root)
-    assert ckpt.endswith(store.step_dir(step)), f"latest names {ckpt}, expected step {step}"
-    assert store.verify(root) == []
-    index = store.load_index(root)
+    ckpt = ckindex.resolve(root)
+    assert ckpt.endswith(ckindex.step_dir(step)), f"latest names {ckpt}, expected step {step}"
+    assert reader.verify(root) == []
+    index = ckindex.load_index(root)
     assert index["step"] == step
-    assert np.array_equal(store.read_global(ckpt, index, "w"), W + step)
-    assert np.array_equal(store.read_global(ckpt, index, "v"), V + step)
-    assert store.read_global(ckpt, index, "n") == step
+    assert np.array_equal(reader.read_global(ckpt, index, "w"), W + step)
+    assert np.array_equal(reader.read_global(ckpt, index, "v"), V + step)
+    assert reader.read_global(ckpt, index, "n") == step
 
 
 def test_save_then_read_whole_tensors_and_regions(tmp_path, monkeypatch):
     path = store.save(None, tmp_path, 3, pieces(3), {"layout": {"kind": "test"}, "data": {"pos": 12}})
     assert path == os.path.join(tmp_path, "step00000003") and (tmp_path / "latest").read_text() == "step00000003\n"
     assert_holds(tmp_path, 3)
-    index = store.load_index(path)
+    index = ckindex.load_index(path)
     assert index["meta"] == {"layout": {"kind": "test"}, "data": {"pos": 12}}
     assert index["tensors"]["w"]["shape"] == [6, 7] and index["tensors"]["v"]["dtype"] == "float32"
     read = []
     monkeypatch.setattr(reader, "read_tensor", lambda path, key, header: read.append(key) or read_tensor(path, key, header))
     monkeypatch.setattr(reader, "read_ranges", lambda path, key, ranges, header: read.append(key) or
                         format_.read_ranges(path, key, ranges, header))
-    assert np.array_equal(store.read_region(path, index, "w", box=[[4, 6], [2, 5]]), (W + 3)[4:6, 2:5])
-    assert np.array_equal(store.read_region(path, index, "v", flat=[6, 9]), (V + 3)[6:9])
+    assert np.array_equal(reader.read_region(path, index, "w", box=[[4, 6], [2, 5]]), (W + 3)[4:6, 2:5])
+    assert np.array_equal(reader.read_region(path, index, "v", flat=[6, 9]), (V + 3)[6:9])
     assert read == ["w@1", "v@1"], f"read_region read {read}: only the overlapping pieces should be read"
-    assert np.array_equal(store.read_region(path, index, "w", box=[[3, 5], [0, 7]]), (W + 3)[3:5])
+    assert np.array_equal(reader.read_region(path, index, "w", box=[[3, 5], [0, 7]]), (W + 3)[3:5])
     # across kinds (a flat range of a boxed tensor): the runs of each box that overlap
-    assert np.array_equal(store.read_region(path, index, "w", flat=[5, 30]), (W + 3).reshape(-1)[5:30])
-    assert np.array_equal(store.read_region(path, index, "v", box=[[2, 4]]), (V + 3)[2:4])
-    assert store.read_region(path, index, "n", box=[]) == 3
+    assert np.array_equal(reader.read_region(path, index, "w", flat=[5, 30]), (W + 3).reshape(-1)[5:30])
+    assert np.array_equal(reader.read_region(path, index, "v", box=[[2, 4]]), (V + 3)[2:4])
+    assert reader.read_region(path, index, "n", box=[]) == 3
     with pytest.raises(CheckpointError, match="outside"):
-        store.read_region(path, index, "w", box=[[0, 7], [0, 7]])
+        reader.read_region(path, index, "w", box=[[0, 7], [0, 7]])
 
 
 def test_a_box_out_of_flat_pieces_reads_only_the_overlapping_bytes(tmp_path):
@@ -155,23 +155,23 @@ def test_a_box_out_of_flat_pieces_reads_only_the_overlapping_bytes(tmp_path):
     ps += [dict(name="u", global_shape=(10,), dtype=T.dtype, box=[[a, b]], array=np.arange(a, b, dtype=float))
            for a, b in ((0, 3), (3, 10))]
     path = store.save(None, tmp_path, 1, ps, {})
-    index = store.load_index(path)
+    index = ckindex.load_index(path)
     boxes = [[[0, 6], [0, 5], [0, 4]], [[1, 3], [0, 5], [0, 4]], [[2, 5], [1, 4], [0, 4]],
              [[0, 6], [2, 3], [1, 3]], [[5, 6], [4, 5], [3, 4]], [[0, 6], [0, 5], [2, 2]]]
     boxes += [[sorted(rng.integers(0, n + 1, 2).tolist()) for n in T.shape] for _ in range(20)]
     for box in boxes:
-        store.reset_reads()
-        got = store.read_region(path, index, "t", box=box)
+        reader.reset_reads()
+        got = reader.read_region(path, index, "t", box=box)
         assert np.array_equal(got, T[tuple(slice(a, b) for a, b in box)]), box
-        assert store.READS["read"] == store.READS["needed"] == got.nbytes, (box, store.READS)
+        assert reader.READS["read"] == reader.READS["needed"] == got.nbytes, (box, reader.READS)
     for a, b in ((0, 120), (7, 9), (60, 61), (3, 3)):
-        store.reset_reads()
-        assert np.array_equal(store.read_region(path, index, "t", flat=[a, b]), T.reshape(-1)[a:b])
-        assert store.READS["read"] == store.READS["needed"] == 8 * (b - a)
-    store.reset_reads()
-    assert np.array_equal(store.read_region(path, index, "u", flat=[2, 5]), [2.0, 3.0, 4.0])
-    assert store.READS["read"] == store.READS["needed"] == 24
-    assert store.READS["checked"] == 0          # the file's sha256 was checked once, earlier
+        reader.reset_reads()
+        assert np.array_equal(reader.read_region(path, index, "t", flat=[a, b]), T.reshape(-1)[a:b])
+        assert reader.READS["read"] == reader.READS["needed"] == 8 * (b - a)
+    reader.reset_reads()
+    assert np.array_equal(reader.read_region(path, index, "u", flat=[2, 5]), [2.0, 3.0, 4.0])
+    assert reader.READS["read"] == reader.READS["needed"] == 24
+    assert reader.READS["checked"] == 0          # the file's sha256 was checked once, earlier
 
 
 @pytest.mark.parametrize("fault", ["flipped byte", "truncated", "missing"])
@@ -188,9 +188,9 @@ def test_a_damaged_file_is_named_when_read_and_by_verify(tmp_path, fault):
         file.unlink()
     word = {"flipped byte": "sha256", "truncated": "bytes, the index says", "missing": "missing"}[fault]
     with pytest.raises(CheckpointError, match=word) as e:
-        store.read_global(path, store.load_index(tmp_path), "v")
+        reader.read_global(path, ckindex.load_index(tmp_path), "v")
     assert str(file) in str(e.value)
-    problems = store.verify(tmp_path)
+    problems = reader.verify(tmp_path)
     assert len(problems) >= 1 and str(file) in problems[0] and word in problems[0], problems
 
 
@@ -229,20 +229,20 @@ def test_bad_pieces_and_steps_are_refused(tmp_path):
 
 def test_resolve_follows_latest_and_says_what_is_wrong(tmp_path):
     with pytest.raises(CheckpointError, match="no such folder"):
-        store.resolve(tmp_path / "nothing")
+        ckindex.resolve(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match="no latest"):
-        store.resolve(tmp_path)
+        ckindex.resolve(tmp_path)
     store.save(None, tmp_path, 5, pieces(5), {})
-    assert store.resolve(tmp_path) == store.resolve(tmp_path / "step00000005") == str(tmp_path / "step00000005")
+    assert ckindex.resolve(tmp_path) == ckindex.resolve(tmp_path / "step00000005") == str(tmp_path / "step00000005")
     (tmp_path / "latest").write_text("step00000009\n")
     with pytest.raises(CheckpointError, match="step00000009/index.json does not exist"):
-        store.resolve(tmp_path)
+        ckindex.resolve(tmp_path)
     (tmp_path / "latest").write_text("../../etc\n")
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):
-        store.resolve(tmp_path)
+        ckindex.resolve(tmp_path)
     (tmp_path / "step00000005" / "index.json").write_text('{"format": "minidist-checkpoint", "version": 99}')
     with pytest.raises(CheckpointError, match="version 99"):
-        store.load_index(tmp_path / "step00000005")
+        ckindex.load_index(tmp_path / "step00000005")
 
 
 def test_keep_deletes_the_oldest_and_never_latest(tmp_path):
@@ -255,15 +255,15 @@ def test_keep_deletes_the_oldest_and_never_latest(tmp_path):
 
 
 def test_check_against_names_the_first_mismatch(tmp_path):
-    index = store.load_index(store.save(None, tmp_path, 1, pieces(1), {}))
+    index = ckindex.load_index(store.save(None, tmp_path, 1, pieces(1), {}))
     ok = {"w": ((6, 7), np.float64), "v": ((11,), np.float32), "n": ((), np.int64)}
-    store.check_against(index, ok)
+    ckindex.check_against(index, ok)
     for expected, word in [({**ok, "w": ((7, 6), np.float64)}, "'w'.*holds \\(6, 7\\) float64, the model \\(7, 6\\)"),
                            ({**ok, "v": ((11,), np.float64)}, "'v'.*float32, the model \\(11,\\) float64"),
                            ({**ok, "b": ((1,), np.float32)}, "no tensor 'b'"),
                            ({k: ok[k] for k in ("w", "v")}, "holds 'n', which the model lacks")]:
         with pytest.raises(CheckpointError, match=word):
-            store.check_against(index, expected)
+            ckindex.check_against(index, expected)
 
 
 KILL = """
@@ -322,7 +322,7 @@ def test_export_import_export_is_bit_for_bit(tmp_path, capsys):
     assert np.array_equal(exported["transformer.wte.weight"], params["transformer.wte.weight"])
     assert np.array_equal(exported["lm_head.weight"], params["transformer.wte.weight"])
     assert cli.main(["import", str(tmp_path / "a.safetensors"), str(tmp_path / "back")]) == 0
-    index = store.load_index(tmp_path / "back")
+    index = ckindex.load_index(tmp_path / "back")
     assert index["step"] == 0 and index["meta"]["layout"] == {"kind": "single"}
     assert set(index["tensors"]) == {"model." + n for n in params}, "no optimizer state, no lm_head"
     assert cli.main(["export", str(tmp_path / "back"), str(tmp_path / "b.safetensors")]) == 0
@@ -392,7 +392,7 @@ def test_a_tensor_no_rank_wrote_is_refused_before_publishing(tmp_path):
         store.save(None, str(tmp_path), 1, [piece], {}, require={"model.w", "model.b"})
     assert not [f for f in os.listdir(tmp_path) if f.startswith("step")]
     store.save(None, str(tmp_path), 1, [piece], {}, require={"model.w"})
-    assert store.verify(str(tmp_path)) == []
+    assert reader.verify(str(tmp_path)) == []
 
 
 def test_latest_is_flushed_and_fsynced_before_it_replaces_the_old(tmp_path, monkeypatch):

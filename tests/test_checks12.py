@@ -122,3 +122,16 @@ def test_only_the_lesson_catches_a_choice_that_ignores_the_cap_in_use():
     ex12.check_choose(sneaky)
     with pytest.raises(AssertionError, match="lesson 12 with your choose.*MISMATCH.*WRONG"):
         plugged_in("12.4", sneaky)
+
+
+def test_the_plug_in_run_gives_lesson_12_no_dtype_which_it_does_not_take(capsys):
+    from minidist.grader.plugin import Run, lesson_module
+    run = ex12.EXERCISES[0].runs[0]
+    assert run.dtypes == (None,) and "--dtype" not in run.flags(1, None)
+    fsdp = Run("06_fsdp", ("--steps", "1"))
+    assert fsdp.flags(2, "float32") == ["--steps", "1", "--dtype", "float32"]
+    parser = lesson_module("12_plan").build_parser()
+    assert not hasattr(parser.parse_args(list(run.flags(1, None))), "dtype")
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["--dtype", "float64"])
+    assert stop.value.code == 2 and "unrecognized arguments: --dtype" in capsys.readouterr().err

@@ -176,3 +176,90 @@ def test_the_lessons_rule_sees_relative_and_function_level_imports(tmp_path):
     assert lesson_imports(probe, "minidist.bench") == [
         "minidist.lessons", "minidist.lessons.common", "minidist.lessons.common.mpi_reduce",
         "minidist.lessons.harness"]
+
+
+# ----------------------------------------------------------------------------- no import circles
+
+# The autograd engine's three modules call each other by design (a Tensor's methods run ops,
+# ops build Tensors, fused kernels are ops); every other module imports one way.
+ENGINE = {"minidist.tensor", "minidist.ops", "minidist.fused"}
+
+
+def module_graph(root):
+    """{module: the modules of the package under `root` it imports}, read with ast from every
+    file, at module level and inside functions, relative imports resolved. `from p import x`
+    is an edge to p.x when that is a module, else to p (its __init__). The packages a name
+    passes through (`import a.b.c` runs a/__init__ first) are left out: an __init__ that
+    re-exports its modules would otherwise make every package one circle."""
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (root.name,) + path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    mod = f"{base}.{mod}" if mod else base
+                subs = [f"{mod}.{a.name}" for a in node.names]
+                out.update(s for s in subs if s in files)
+                if any(s not in files for s in subs):
+                    out.add(mod)
+        graph[name] = out & set(files) - {name}
+    return graph
+
+
+def circles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set()
+            while not part or v not in part:
+                part.add(stack.pop())
+            if len(part) > 1:
+                found.append(part)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_but_the_engines():
+    """Each layer imports only below itself, at module level or inside a function: a
+    function-level import hides a circle from Python at start-up, not from a reader."""
+    graph = module_graph(PACKAGE)
+    assert len(graph) > 100 and "minidist.comm.dispatch" in graph["minidist.comm"]
+    found = [sorted(c) for c in circles(graph) if c != ENGINE]
+    assert not found, f"modules that import each other, directly or round a circle: {found}"
+
+
+def test_the_circle_rule_sees_function_level_and_relative_imports(tmp_path):
+    pkg = tmp_path / "minidist" / "comm"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from minidist.comm.low import f\n")
+    (pkg / "low.py").write_text("def f():\n    from .high import g\n")     # the hidden way back
+    (pkg / "high.py").write_text("from . import low\nfrom .. import comm\n")
+    (pkg / "top.py").write_text("import minidist.comm.high\n")
+    graph = module_graph(tmp_path / "minidist")
+    assert graph["minidist.comm.high"] == {"minidist.comm.low", "minidist.comm"}
+    assert graph["minidist.comm.top"] == {"minidist.comm.high"}
+    assert circles(graph) == [{"minidist.comm", "minidist.comm.low", "minidist.comm.high"}]
+    (pkg / "low.py").write_text("def f():\n    pass\n")
+    assert circles(module_graph(tmp_path / "minidist")) == []

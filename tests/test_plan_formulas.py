@@ -99,6 +99,30 @@ def test_megatron_distributed_optimizer_is_6_plus_12_over_d(d):
         memory.model_state_bytes(1e9, d, 4)
 
 
+def test_bytes_per_param_of_a_tuple_and_the_checkpoints_data():
+    """(2, 2, 12), bf16 with 16-bit gradients, 16 B, by hand; a checkpoint's data, weights,
+    m and v of 1,000 float64 parameters and the int64 step: 24,000 + 8 B."""
+    assert memory.bytes_per_param((2, 2, 12)) == 16
+    assert memory.bytes_per_param((2, 4, 12), 4, 1) == 2 + 4 + 3
+    assert memory.checkpoint_data_bytes(1000, 8) == 24008
+    assert memory.checkpoint_data_bytes(1000, 4) == 12008
+
+
+def test_best_every_k_is_the_least_of_l_over_k_x_plus_k_a():
+    """sqrt(L x / A) by hand (L 16, x 1, A 4: 2); x = A is Chen et al.'s sqrt(L); and no k
+    on a fine grid keeps less of (L/k) x + k A than it."""
+    assert memory.best_every_k(16, 1, 4) == 2.0
+    assert memory.best_every_k(9, 5, 5) == 3.0
+    L, x, A = 12, 3, 7
+    best = memory.best_every_k(L, x, A)
+
+    def kept(k):
+        return L / k * x + k * A
+
+    assert all(kept(best) <= kept(k / 100) for k in range(10, 1300))
+    assert kept(best) == pytest.approx(2 * (L * x * A) ** 0.5, rel=1e-15)
+
+
 def test_engine_state_bytes_adds_stage_1s_local_gradient():
     """This engine's ZeRO-1 keeps the local gradient beside its partition: Psi + Psi/N."""
     psi, n, item = 1200, 4, 8
@@ -264,6 +288,18 @@ def test_tp_exact_count_is_the_papers_where_t_divides(t):
         assert sp["all_gather"][1] + sp["reduce_scatter"][1] == paper
         again = traffic.tp_sent(b, s, h, L, t, r, item, sequence_parallel=True, **ends)
         assert again["all_gather"][1] == 1.5 * sp["all_gather"][1]
+        regathered = L * traffic.tp_layer_bytes(b, s, h, t, item, True, regather=True)
+        assert again["all_gather"][1] + again["reduce_scatter"][1] == regathered
+        assert regathered == L * traffic.tp_layer_elements(b, s, h, t, regather=True) * item
+
+
+def test_tp_layer_elements_by_hand():
+    """b s h = 768 at t = 4: 8 x 768 x 3/4 = 4,608 elements, 5,760 with the regather; the
+    regather needs sequence parallelism in the bytes form (plain TP has no all-gather)."""
+    assert traffic.tp_layer_elements(2, 16, 24, 4) == 4608
+    assert traffic.tp_layer_elements(2, 16, 24, 4, regather=True) == 5760
+    assert traffic.tp_layer_bytes(2, 16, 24, 4, 2, regather=True) == 2 * 4608
+    assert traffic.tp_layer_bytes(2, 16, 24, 4, 2, True, regather=True) == 2 * 5760
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

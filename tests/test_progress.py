@@ -1,7 +1,7 @@
 """minidist.progress: plain lines off a terminal, one rewritten line with the time left on one."""
 import io
 
-from minidist.progress import Progress
+from minidist.progress import Progress, clock
 
 
 class Tty(io.StringIO):
@@ -36,3 +36,8 @@ def test_terminal_line_rewritten_with_time_left():
     text = out.getvalue()
     assert text.count("\r") == 4 and text.endswith("\n") and "done in 0:40" in text
     assert all(len(part.rstrip("\n")) <= 100 for part in text.split("\r"))
+
+
+def test_clock_reads_minutes_and_hours():
+    got = [clock(s) for s in (0, 59.6, 75, 3725, -3)]
+    assert got == ["0:00", "1:00", "1:15", "1:02:05", "0:00"]

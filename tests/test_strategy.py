@@ -74,3 +74,28 @@ def test_the_base_strategy_is_one_process():
     assert all(np.array_equal(w0[k], w1[k]) for k in w0)
     s = Strategy()
     assert not s.owns_schedule and s.grad_norm_sq([]) is None and s.checkpoint_layout(None) == ""
+
+
+def test_the_strategies_read_a_models_pieces_without_the_checkpoint_package_or_mpi():
+    """parallel/pieces.py is a leaf (NumPy and plan.rules): the strategy contract imports it,
+    not minidist.checkpoint (which sits above the strategies and calls their hooks); and
+    checkpoint/layouts.py's tp_regions is that one function (exercise 11.1's plug-in)."""
+    import subprocess
+    import sys
+    code = ("import sys\nimport minidist.parallel.strategy, minidist.parallel.pieces\n"
+            "bad = sorted(m for m in sys.modules if m.startswith(('minidist.checkpoint', "
+            "'minidist.comm', 'mpi4py')))\nprint(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    from minidist.checkpoint import layouts
+    from minidist.parallel import pieces
+    assert layouts.tp_regions is pieces.tp_regions and layouts.Held is pieces.Held
+
+
+def test_no_strategy_imports_the_checkpoint_package():
+    """minidist/parallel/ sits below minidist/checkpoint/: no import of it, even inside a function."""
+    for path in sorted((pathlib.Path(__file__).parents[1] / "minidist" / "parallel").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("minidist.checkpoint") for n in names), f"{path.name} imports {names}"

@@ -4,9 +4,9 @@ Five functions, each mirroring the package's by name and signature:
 
 - 10.1 `unscale_grads` and 10.2 `update_scale` (minidist/precision.py): the two halves of
   dynamic loss scaling, which minidist.precision.GradScaler calls every fp16 step.
-- 10.3 `onebit_compress` and 10.4 `onebit_decompress` (minidist/parallel/compression.py):
+- 10.3 `onebit_compress` and 10.4 `onebit_decompress` (minidist/parallel/compressors.py):
   signs packed 8 per byte plus one scale, and the residual kept for the next step.
-- 10.5 `powersgd_step` (minidist/parallel/compression.py): one power iteration of
+- 10.5 `powersgd_step` (minidist/parallel/powersgd.py): one power iteration of
   PowerSGD on one gradient matrix, summed over ranks with minidist.comm's ring.
 
 10.1 to 10.4 are plain NumPy in one process; 10.5 runs under mpirun. Without mpirun the

@@ -3,7 +3,7 @@ piece of a saved tensor fills a region of another layout.
 
 Two functions, each mirroring the package's by name and signature:
 
-- 11.1 `tp_regions` (minidist/checkpoint/layouts.py): the boxes of a global tensor that a
+- 11.1 `tp_regions` (minidist/parallel/pieces.py): the boxes of a global tensor that a
   tensor-parallel rank holds, and where each lies in its local shard. Saving writes these
   boxes; loading asks the checkpoint for exactly them.
 - 11.2 `copy_overlap` (minidist/checkpoint/read.py): resharding, one piece at a time:
@@ -27,7 +27,7 @@ process's shape, no padding), stop excluded: [[0, 4], [3, 6]] is rows 0..3 of co
 """
 import numpy as np  # noqa: F401  (you will want it)
 
-from minidist.comm import chunk_bounds  # noqa: F401  (numpy.array_split's offsets: [0, b1, ..., n])
+from minidist.plan.rules import chunk_bounds  # noqa: F401  (array_split's offsets: [0, b1, ..., n])
 
 
 def tp_regions(full_shape, spec, rank, t):
@@ -41,7 +41,7 @@ def tp_regions(full_shape, spec, rank, t):
       a Shard: along `axis`, the tensor is first padded with zero rows from `size` to
           `padded` (the vocabulary, padded to a multiple of t; size None: no padding),
           then cut into `blocks` equal blocks (c_attn's columns q | k | v are 3), and each
-          block is cut in t by numpy.array_split's rule (minidist.comm.chunk_bounds: the
+          block is cut in t by numpy.array_split's rule (minidist.plan.rules.chunk_bounds: the
           first n % t chunks one longer). Rank r's shard is its chunk of every block,
           concatenated in block order (minidist.parallel.tp_model.shard builds it).
     Returns one (box, index) per block whose chunk holds any real row:

@@ -12,7 +12,8 @@ Files, in reading order:
     store.py     save: every rank its pieces, then one index, published atomically
     read.py      resolve, read a global tensor or a region of it (only the bytes that
                  overlap), verify
-    layouts.py   which pieces of which global tensors a rank holds under each strategy, and
+    layouts.py   which pieces of which global tensors a rank holds under each strategy
+                 (the strategies' hooks; a model's pieces: minidist/parallel/pieces.py), and
                  how it fills its model and optimizer from a checkpoint saved under any other
     cli.py       the command line above
 

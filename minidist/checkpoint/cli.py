@@ -38,7 +38,8 @@ import numpy as np
 
 from minidist.checkpoint.format import (CheckpointError, dtype_from_name, read_header,
                                         read_safetensors, write_safetensors)
-from minidist.checkpoint.read import load_index, read_global, resolve, verify
+from minidist.checkpoint.index import load_index, resolve
+from minidist.checkpoint.read import read_global, verify
 from minidist.checkpoint.store import save
 
 MODEL = "model."

@@ -29,9 +29,11 @@ tensor read in C order (a ZeRO partition). What a rank writes under each layout:
 
 Each strategy reports what it holds (Strategy.checkpoint_pieces and the other checkpoint_*
 hooks of minidist/parallel/strategy.py): ZeRO and FSDP their partitions; the default reads
-the model, whose parts say how they are cut (TensorParallelGPT.tensor_parallel, a
-pipeline stage's tensor_parallel, ExpertParallelMoE.held_experts). This file does not
-reach into a strategy's internals.
+the model (minidist/parallel/pieces.py: Held, tp_regions), whose parts say how they are
+cut (TensorParallelGPT.tensor_parallel, a pipeline stage's tensor_parallel and
+pipeline_stages, ExpertParallelMoE.held_experts); the optimizers say where their AdamW
+state is (optim.Optimizer.adamw, .checkpoint_params, .checkpoint_loaded: MixedPrecision's
+fp32 masters). This file does not reach into a strategy's or an optimizer's internals.
 
 Loading is the same for every layout: a rank asks the checkpoint for exactly the regions
 its new layout holds (a box, or a flat range), whatever layout wrote them; the store
@@ -41,49 +43,16 @@ on 4 ranks loads into one process, data parallelism on 3, FSDP on 3 or TP 2 x PP
 """
 import numpy as np
 
+from minidist.checkpoint import store
+from minidist.checkpoint.format import CheckpointError
+from minidist.checkpoint.index import check_against, load_index, resolve
+from minidist.checkpoint.read import read_global, read_region
+from minidist.parallel.pieces import (  # noqa: F401  (Held, tp_regions: exercise 11.1)
+    Held, _states_of, _tensor_parallel_of, expert_slices, tp_regions)
+from minidist.parallel.strategy import Strategy
+
 STEP = "optim.step"
 V_STEP = "optim.v_step"
-
-
-class Held:
-    """One region of one global tensor that this rank holds: `local` is the array (a view
-    into the rank's parameter or optimizer state) whose values are that region."""
-    __slots__ = ("name", "shape", "region", "local")
-
-    def __init__(self, name, shape, region, local):
-        self.name, self.shape, self.region, self.local = name, tuple(shape), region, local
-
-    def key(self):
-        return [self.name, sorted(self.region.items())]
-
-
-def tp_regions(full_shape, spec, rank, t):
-    """[(box of the global tensor, index into the local shard)] of tensor-parallel rank
-    `rank` of t, for a parameter cut as `spec` says (minidist/parallel/tp_model.py's Shard;
-    None: replicated, one box of the whole). The cut axis holds `spec.blocks` equal blocks
-    (c_attn's q | k | v are three), each cut in t by numpy.array_split's rule, so a rank's
-    shard is one box per block; rows of the vocabulary's zero padding belong to no global
-    tensor and are left out. (Exercise 11.1.)"""
-    from minidist.comm.collectives import chunk_bounds
-    if spec is None:
-        return [([[0, n] for n in full_shape], tuple(slice(None) for _ in full_shape))]
-    axis = spec.axis
-    padded = spec.padded or full_shape[axis]
-    block = padded // spec.blocks
-    lb = chunk_bounds(block, t)
-    mine = lb[rank + 1] - lb[rank]
-    out = []
-    for b in range(spec.blocks):
-        g0 = b * block + lb[rank]
-        g1 = min(g0 + mine, spec.size if spec.size is not None else full_shape[axis])
-        if g1 <= g0:
-            continue                                # all padding
-        box = [[0, n] for n in full_shape]
-        box[axis] = [g0, g1]
-        index = [slice(None)] * len(full_shape)
-        index[axis] = slice(b * mine, b * mine + (g1 - g0))
-        out.append((box, tuple(index)))
-    return out
 
 
 def held_pieces(model, opt, zero=None):
@@ -98,85 +67,7 @@ def held_pieces(model, opt, zero=None):
 
 def _strategy(zero):
     """The strategy whose pieces a checkpoint holds: ZeRO's partitions, or the model's own."""
-    from minidist.parallel.strategy import Strategy
     return zero if zero is not None else Strategy()
-
-
-def model_pieces(model, opt):
-    """The pieces of a model that holds whole tensors, tensor-parallel shards (tp_regions),
-    a pipeline stage's layers or expert-parallel experts (Strategy.checkpoint_pieces)."""
-    out, states = [], []
-    tp = _tensor_parallel_of(model)
-    experts = expert_slices(model)
-    masters = getattr(opt, "master", None)       # precision.MixedPrecision: fp32 masters are the record
-    for name, p in model.named_parameters():
-        full_shape = tp.full_shapes[name] if tp is not None else tuple(p.shape)
-        spec = tp.specs.get(name) if tp is not None else None
-        if masters is not None:
-            p = masters[id(p)]
-        if name in experts:                      # experts [lo, hi) of E: one box along the first axis
-            lo, hi, E = experts[name]
-            full_shape = (E,) + tuple(p.shape[1:])
-            s = _states_of(opt).get(id(p)) if opt is not None else None
-            states.append(s)
-            box = {"box": [[lo, hi]] + [[0, n] for n in p.shape[1:]]}
-            out.append(Held(f"model.{name}", full_shape, box, p.data))
-            if s is not None:
-                out.append(Held(f"optim.exp_avg.{name}", full_shape, box, s["exp_avg"]))
-                out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, box, s["exp_avg_sq"]))
-            continue
-        s = _states_of(opt).get(id(p)) if opt is not None else None
-        states.append(s)
-        rank, t = (tp.tp_rank, tp.tp) if tp is not None else (0, 1)
-        regions = tp_regions(full_shape, spec, rank, t)      # a module global: exercise 11.1's plug-in
-        for box, index in regions:
-            region = {"box": box}
-            out.append(Held(f"model.{name}", full_shape, region, p.data[index]))
-            if s is not None:
-                out.append(Held(f"optim.exp_avg.{name}", full_shape, region, s["exp_avg"][index]))
-                out.append(Held(f"optim.exp_avg_sq.{name}", full_shape, region, s["exp_avg_sq"][index]))
-    return out, states
-
-
-def model_tensors(model):
-    """[(name, global shape, dtype)] of a model's parameters (Strategy.checkpoint_tensors)."""
-    tp, experts = _tensor_parallel_of(model), expert_slices(model)
-    return [(n, (experts[n][2],) + tuple(p.shape[1:]) if n in experts else
-             tp.full_shapes[n] if tp is not None else tuple(p.shape), p.dtype)
-            for n, p in model.named_parameters()]
-
-
-def model_params(model, opt):
-    """The tensors `opt` keeps AdamW state for: the model's parameters, or their fp32
-    masters under mixed precision (Strategy.checkpoint_params)."""
-    params = list(model.parameters())
-    if hasattr(opt, "master"):
-        params = [opt.master[id(p)] for p in params]
-    return params
-
-
-def expert_slices(model):
-    """{parameter name: (lo, hi, E)} of the expert weights an expert-parallel layer holds
-    (minidist/parallel/expert_parallel.py: experts [lo, hi) of E, stacked on the first axis)."""
-    out = {}
-    for prefix, m in model.named_modules() if hasattr(model, "named_modules") else []:
-        held = getattr(m, "held_experts", None)       # an ExpertParallelMoE says which it holds
-        if held is not None:
-            for sub in ("c_fc", "c_proj"):
-                for n, _ in getattr(m, sub).named_parameters():
-                    out[f"{prefix}{sub}.{n}"] = held()     # (prefix ends with a dot)
-    return out
-
-
-def _states_of(opt):
-    """AdamW's state dict: the optimizer's own, or the inner one of MixedPrecision."""
-    return opt.inner.state if hasattr(opt, "master") else opt.state
-
-
-def _tensor_parallel_of(model):
-    """The TensorParallelGPT a model is (or a pipeline stage was cut from), else None:
-    each says so (TensorParallelGPT.tensor_parallel, PipelineGPT.tensor_parallel)."""
-    return getattr(model, "tensor_parallel", None)
 
 
 def _step_of(states):
@@ -248,15 +139,9 @@ def pieces_of(model, opt, comm, zero=None):
 
 
 def _adamw_of(opt):
-    """The AdamW inside a wrapper (MixedPrecision, OneBitAdam: each keeps it as .inner),
-    or None (no optimizer, or another kind)."""
-    from minidist.optim import AdamW
-    o = opt
-    for _ in range(4):                   # wrappers of wrappers: a few levels at most
-        if o is None or isinstance(o, AdamW):
-            return o
-        o = getattr(o, "inner", None)
-    return None
+    """The AdamW inside a wrapper (MixedPrecision, OneBitAdam: Optimizer.adamw), or None
+    (no optimizer, or another kind)."""
+    return opt.adamw() if opt is not None else None
 
 
 def _v_step_of(opt, states):
@@ -325,10 +210,8 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
             continue
         h.local[...] = read(h.name, h.region).reshape(h.local.shape)
     strategy.checkpoint_loaded()                # ZeRO 1, 2: the whole weights on every rank
-    if zero is None and hasattr(opt, "master"):  # the 16-bit weights: the masters rounded, as after a step
-        for i, p in enumerate(opt.params):
-            opt.weights16[i][...] = opt.master[id(p)].data.astype(opt.dt)
-        opt._round_weights()
+    if zero is None and opt is not None:   # MixedPrecision: the masters rounded into the weights
+        opt.checkpoint_loaded()
     return step
 
 
@@ -341,7 +224,7 @@ def layout_of(comm, zero=None, model=None):
     if kind:
         return {"kind": kind, "ranks": n}
     tp = _tensor_parallel_of(model) if model is not None else None
-    pp = getattr(model, "p", None) if model is not None and hasattr(model, "stages") else None
+    pp = getattr(model, "pipeline_stages", None)       # a PipelineGPT says how many stages
     parts = ([f"tp{tp.tp}"] if tp is not None else []) + ([f"pp{pp}"] if pp else [])
     if model is not None and expert_slices(model):
         parts.append("ep")
@@ -373,21 +256,20 @@ def read_state(comm, path):
 
     Per-rank state belongs to ranks: it loads only at the world size that saved it (the
     residuals of 4 ranks mean nothing to 3); at another size it is left out, and said so."""
-    from minidist.checkpoint import store
 
     def work():
-        ckpt = store.resolve(path)
-        index = store.load_index(ckpt)
+        ckpt = resolve(path)
+        index = load_index(ckpt)
         shared, mine, dropped = {}, {}, []
         for name, t in index["tensors"].items():
             if name.startswith("run."):
-                shared[name[4:]] = store.read_global(ckpt, index, name)
+                shared[name[4:]] = read_global(ckpt, index, name)
             elif name.startswith("rank."):
                 if t["shape"][0] != comm.Get_size():
                     dropped.append(name[5:])
                     continue
                 box = [[comm.Get_rank(), comm.Get_rank() + 1]] + [[0, n] for n in t["shape"][1:]]
-                mine[name[5:]] = store.read_region(ckpt, index, name, box=box)[0]
+                mine[name[5:]] = read_region(ckpt, index, name, box=box)[0]
         return shared, mine, dropped
     return agreed(comm, work)
 
@@ -398,7 +280,6 @@ def save(comm, root, train_step, model, opt, zero=None, meta=None, keep=None, st
     train_step: the steps trained so far: the data position and the learning-rate
     schedule's position (batches, the schedule and dropout masks are functions of it).
     state: the run's other state, {"shared": {...}, "per_rank": {...}} (state_pieces)."""
-    from minidist.checkpoint import store
     import dataclasses
     import json
     pieces, opt_step = pieces_of(model, opt, comm, zero)
@@ -419,27 +300,25 @@ def load(comm, path, model, opt, zero=None):
     A problem found on any rank (a file that fails its checksum, a tensor of another shape)
     is raised on every rank, with the words of the lowest rank that found one."""
     import json
-    from minidist.checkpoint import store
-    from minidist.checkpoint.format import CheckpointError
     expected = expected_tensors(model, zero)
     # what the ranks hold together (a pipeline stage holds some layers only): one all-gather
     union = set().union(*(json.loads(t) for t in _allgather_bytes(comm, json.dumps(sorted(expected)).encode())))
 
     def work():
-        ckpt = store.resolve(path)
-        index = store.load_index(ckpt)
+        ckpt = resolve(path)
+        index = load_index(ckpt)
         names = index["tensors"]
         if any(n.startswith("model.") for n in names) and not any(n.startswith("optim.") for n in names):
             raise CheckpointError(f"{ckpt}: weights only (no AdamW m, v, step): resume from what "
                                   "a training run saved")
-        store.check_against(index, expected, extra_ok=True)
+        check_against(index, expected, extra_ok=True)
         extra = sorted(n for n in set(index["tensors"]) - union - {V_STEP}
                        if not n.startswith(("run.", "rank.")))
         if extra:
             raise CheckpointError(f"the checkpoint holds {extra[0]!r}, which no rank's model has (another model?)")
 
         def read(name, region):
-            return store.read_region(ckpt, index, name, **region)
+            return read_region(ckpt, index, name, **region)
         load_into(ckpt, index, model, opt, zero, read)
         return index["meta"]
     return agreed(comm, work)
@@ -448,8 +327,6 @@ def load(comm, path, model, opt, zero=None):
 def agreed(comm, fn):
     """fn() on every rank; a CheckpointError on any rank becomes the same error on all
     (store.agree: the lowest failing rank's words, broadcast)."""
-    from minidist.checkpoint import store
-    from minidist.checkpoint.format import CheckpointError
     error, result = None, None
     try:
         result = fn()

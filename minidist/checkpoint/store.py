@@ -1,13 +1,13 @@
 """Sharded checkpoints that survive a kill: every rank writes its pieces, rank 0 publishes.
 
-    from minidist.checkpoint.store import save, resolve, load_index, read_global, verify
+    from minidist.checkpoint.store import save
+    from minidist.checkpoint.read import resolve, load_index, read_global, verify
     path = save(comm, "ckpt", step, pieces, meta, keep=3)      # on every rank
     index = load_index("ckpt"); w = read_global(resolve("ckpt"), index, "model.transformer.wte.weight")
 
 This file is the save and its commit protocol. What a checkpoint is on disk (pieces,
 boxes, flat ranges, index.json, `latest`) is in index.py; the readers (read_global,
-read_region, verify) are in read.py, and their names are importable from here too, where
-the lessons, the tests and layouts.py use them.
+read_region, verify) are in read.py: import them from there.
 
 Saving, and why each step is where it is (a kill may come at any moment):
     1. rank 0 refuses an existing step and makes root/.tmp-stepNNNNNNNN-TOKEN/ (the token
@@ -41,12 +41,8 @@ import signal
 import numpy as np
 
 from minidist.checkpoint.format import CheckpointError, write_safetensors
-from minidist.checkpoint.index import (FORMAT, STEP_DIR, VERSION, check_against,  # noqa: F401
-                                       check_coverage, check_piece, load_index, region_shape,
-                                       resolve, step_dir)
-from minidist.checkpoint.read import (READS, copy_overlap, flat_runs,  # noqa: F401
-                                      overlap_runs, read_global, read_region, reset_reads,
-                                      verify)
+from minidist.checkpoint.index import (FORMAT, STEP_DIR, VERSION, check_coverage, check_piece,
+                                       region_shape, step_dir)
 
 KILL_STAGES = ("after-data", "after-index", "after-rename", "after-latest")
 
@@ -76,7 +72,7 @@ def _waiting(what):
     return waiting(what)
 
 
-def _agree(comm, error):
+def agree(comm, error):
     """Every rank raises the same CheckpointError if any rank's `error` (a str) is set.
 
     One Allreduce (MIN) finds the lowest failing rank; that rank broadcasts its message's
@@ -102,9 +98,6 @@ def _agree(comm, error):
         comm.Bcast(buf, root=first)
     where = f"rank {first}: " if size > 1 else ""
     raise CheckpointError(where + buf.tobytes().decode())
-
-
-agree = _agree          # the public name: layouts.agreed uses it
 
 
 def _attempt(fn, *args):
@@ -259,7 +252,7 @@ def save(comm, root, step, pieces, meta, keep=None, require=None):
             token[:len(tmp)] = np.frombuffer(tmp.encode(), np.uint8)
     else:
         error = None
-    _agree(comm, error)
+    agree(comm, error)
     if comm is not None:
         with _waiting("checkpoint save: the folder's name"):
             comm.Bcast(token, root=0)
@@ -268,11 +261,11 @@ def save(comm, root, step, pieces, meta, keep=None, require=None):
     try:
         fragment, error = _attempt(_write_rank, folder, rank, pieces)
         _kill_point("after-data", rank)
-        _agree(comm, error)
+        agree(comm, error)
         fragments = _gather_fragments(comm, fragment)
         path, error = (_attempt(_publish, root, tmp, int(step), meta, fragments, keep, require) if rank == 0
                        else (None, None))
-        _agree(comm, error)
+        agree(comm, error)
     except CheckpointError:
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)     # nothing published: leave no trace

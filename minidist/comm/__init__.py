@@ -6,10 +6,11 @@ Files, in reading order:
     stats.py        bytes and messages per collective, per process
     checks.py       the agreement check every collective makes first; agree()
     collectives.py  ring reduce-scatter (_v: pieces of the caller's lengths), ring all-gather,
-                    ring all-reduce; all_reduce(algorithm=)
+                    ring all-reduce, MPI's own all-reduce
     basic.py        broadcast, reduce, the naive all-reduce
     algorithms.py   recursive-doubling and Rabenseifner all-reduces (lg N steps: small messages)
     tuning.py       algorithm="auto": the alpha-beta model's choice, calibrated on this machine
+    dispatch.py     all_reduce(algorithm=): any of the above by name, above them all
     p2p.py          send / recv for pipelines, all_to_all for experts
     nonblocking.py  ring_all_reduce_start: the ring in the background, for overlap
     grid.py         ProcessGrid: tp x cp x pp x dp sub-communicators
@@ -22,8 +23,9 @@ from minidist.comm import stats, watchdog
 from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
 from minidist.comm.basic import broadcast, naive_all_reduce, reduce
 from minidist.comm.checks import MismatchError, agree
-from minidist.comm.collectives import (all_reduce, chunk_bounds, mpi_all_reduce, ring_all_gather,
+from minidist.comm.collectives import (chunk_bounds, mpi_all_reduce, ring_all_gather,
                                        ring_all_reduce, ring_reduce_scatter, ring_reduce_scatter_v)
+from minidist.comm.dispatch import all_reduce
 from minidist.comm.grid import GridError, ProcessGrid
 from minidist.comm.nonblocking import RingAllReduce, ring_all_reduce_start
 from minidist.comm.p2p import all_to_all, all_to_all_v, recv, send

@@ -10,8 +10,8 @@ step. Bytes each rank sends (docs/reference.md; M the array's bytes, N ranks):
     ring all-gather       N-1 steps       (N-1)/N * M
     ring all-reduce       2(N-1) steps   2(N-1)/N * M    (= reduce-scatter + all-gather)
 
-(For small messages, algorithms with lg N steps: algorithms.py; all_reduce(algorithm="auto")
-picks among them by the alpha-beta model: tuning.py.)
+(For small messages, algorithms with lg N steps: algorithms.py; all_reduce(algorithm=) in
+dispatch.py runs any of them by name, "auto" the alpha-beta model's pick: tuning.py.)
 
 Every rank sends and receives at once (Sendrecv), so all links are busy every step and
 the time hardly grows with N: that is why the ring wins for large arrays. Chunks are
@@ -199,46 +199,3 @@ def mpi_all_reduce(comm, x, op="sum"):
         comm.Allreduce(src, out, op=MPI.MAX if op == "max" else MPI.SUM)
         return finish_avg(out, comm.Get_size()) if op == "avg" else out
 
-
-ALGORITHMS = ("ring", "naive", "recursive_doubling", "rabenseifner", "auto", "mpi")
-_IMPLS = {}
-
-
-def _import_impls():
-    """The algorithms of the modules that import this one, found once (an import statement
-    in all_reduce would cost ~10 us a call, as much as a small message)."""
-    from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
-    from minidist.comm.basic import naive_all_reduce
-    from minidist.comm.tuning import choose
-    _IMPLS.update(ring=ring_all_reduce, naive=naive_all_reduce, choose=choose,
-                  recursive_doubling=recursive_doubling_all_reduce,
-                  rabenseifner=rabenseifner_all_reduce)
-    return _IMPLS
-
-
-def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
-    """All-reduce by one of the algorithms: ring, naive, recursive_doubling, rabenseifner,
-    auto or mpi (`impl=` is this argument's older name).
-
-    "auto" picks ring, Rabenseifner or recursive doubling by the alpha-beta model, from
-    the message's bytes, N and this machine's measured constants (minidist/comm/tuning.py);
-    every rank picks the same. The default stays "ring", the algorithm every strategy and
-    lesson was checked with: the others add the ranks' arrays in another order (pairs of
-    neighbours, then pairs of pairs, where the ring adds around the circle), so their
-    float results differ from the ring's in the last bits, about one unit in the last
-    place of the largest value per addition; integer sums are the same.
-    """
-    algorithm = impl if impl is not None else algorithm
-    impls = _IMPLS or _import_impls()
-    if algorithm == "auto":
-        if check:   # agree on the input first: inputs of different sizes could pick differently
-            exchange(comm, np.asarray(x), "auto_all_reduce", op=op)
-            check = False
-        algorithm = impls["choose"](comm, np.asarray(x).nbytes)
-    if algorithm == "mpi":
-        if check:
-            exchange(comm, np.asarray(x), "mpi_all_reduce", op=op)
-        return mpi_all_reduce(comm, x, op)
-    if algorithm not in impls or algorithm == "choose":
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r}")
-    return impls[algorithm](comm, x, op=op, check=check)

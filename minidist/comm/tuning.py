@@ -34,6 +34,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
+from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
+from minidist.comm.collectives import ring_all_reduce
 from minidist.comm.watchdog import waiting
 
 ENV = "MINIDIST_CALIBRATION"
@@ -167,8 +169,9 @@ def calibrate(comm, big=2**20, repeats=7):
     crossovers fall below it, and past it the cost per byte grows (the arrays leave the
     caches), which one straight line cannot follow.
     """
-    from minidist.comm.collectives import all_reduce
     from minidist.plan.collectives import ALL_REDUCE_TIMES
+    impls = {"recursive_doubling": recursive_doubling_all_reduce,
+             "rabenseifner": rabenseifner_all_reduce, "ring": ring_all_reduce}
     size = comm.Get_size()
     a, b = np.ones(big // 4, np.float32), np.ones(big // 4, np.float32)
     gamma = slowest_medians(comm, {"add": lambda: np.add(a, b, out=a)}, repeats)["add"] / big
@@ -176,7 +179,7 @@ def calibrate(comm, big=2**20, repeats=7):
     m = 8
     while m <= big:
         x = np.ones(m // 4, np.float32)
-        calls = {k: (lambda k=k: all_reduce(comm, x, algorithm=k, check=False)) for k in ALGORITHMS}
+        calls = {k: (lambda k=k: impls[k](comm, x, check=False)) for k in ALGORITHMS}
         got = slowest_medians(comm, calls, repeats, warmup=1)
         for k in ALGORITHMS:
             f = ALL_REDUCE_TIMES[k]

@@ -4,6 +4,8 @@
                    verdicts, writes --json; grades one student's file in this job.
     classroom.py   the teacher's form (`--ranks 3,4 FOLDER`): one fresh job per file and
                    rank count, so nothing one submission does reaches another's verdict.
+    listing.py     what command.py and classroom.py share: the checks of each exercise file,
+                   the rank counts each exercise grades at, how verdicts fold.
     referee.py     runs one check in a thread on every rank and agrees one verdict.
     counting.py    the communicator the checks hand to students: counts, refuses, stops.
     plugin.py      the plug-in check: the student's function in place of the package's

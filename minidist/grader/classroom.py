@@ -30,8 +30,7 @@ import tempfile
 from pathlib import Path
 
 from minidist.grader.integrity import scan
-
-IN_JOB = "MINIDIST_GRADE_IN_JOB"     # set in the jobs this module starts: grade here, launch nothing
+from minidist.grader.listing import IN_JOB, checks_for, exercise_ranks, fold
 MARGIN_S = 60.0
 
 
@@ -112,7 +111,6 @@ def grade_class(jobs, rank_counts, timeout, only, out=print, own_ranks=False):
 
     Returns (rows, files): rows carry their "ranks"; files are per-file totals and notes.
     """
-    from minidist.grader.command import checks_for, exercise_ranks, fold
     rows, files = [], []
     for path, exercise in jobs:
         exercises = [e for e in checks_for(exercise) if only is None or e.number in only]

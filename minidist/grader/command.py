@@ -1,5 +1,9 @@
 """Grade exercise files: one student's, or a whole class's.
 
+Over 400 lines but one idea: the command's path from a file name to its verdicts (which
+files and exercises, the two passes, the lines, --json and --csv), read top to bottom; what
+a check does lives in checks/, referee.py and plugin.py.
+
     python -m minidist.grade lessons/exercises/00_autograd.py
     python -m minidist.grade lessons/exercises/01_collectives.py          (launches mpirun -n 3, -n 4)
     python -m minidist.grade lessons/exercises/09_moe.py --only 9.1       (this process, no MPI job)
@@ -58,6 +62,7 @@ import time
 from pathlib import Path
 
 from minidist.failfast import agreed_exit
+from minidist.grader.listing import IN_JOB, checks_for, exercise_ranks, fold, known_exercises
 from minidist.grader.referee import (FAIL, PASS, S_FAIL, S_TODO, TODO, release, run_check, settle, start_check,
                                      verdict_of, where, word)
 
@@ -78,14 +83,6 @@ exit codes:
 is student x exercise, an exercise's worst verdict over its rank counts. --csv PATH writes
 that summary as a table.
 """
-CHECKS = Path(__file__).parent / "checks"
-IN_JOB = "MINIDIST_GRADE_IN_JOB"     # (classroom.IN_JOB) set in the jobs the teacher's form starts
-
-
-def fold(line, width=100):
-    """One verdict as printed: lines of at most `width` columns (a word longer than that
-    stays whole), the ones after the first indented; --json keeps the message in one piece."""
-    return textwrap.fill(line, width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
 
 
 class UsageError(Exception):
@@ -93,11 +90,6 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------- files and checks
-
-def known_exercises():
-    """{"00": "00_autograd", ...} from minidist/grader/checks/exNN_topic.py."""
-    return {p.stem[2:4]: p.stem[2:] for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}
-
 
 def exercise_of(text):
     """'01', '1', '01_collectives' or '.../01_collectives.py' -> '01_collectives' (or UsageError)."""
@@ -109,23 +101,6 @@ def exercise_of(text):
         return stem
     raise UsageError(f"no checks for {Path(text).name}: name the exercise with --exercise NN, or name the "
                      f"file after it; exercises are: {', '.join(known.values())}")
-
-
-def checks_for(exercise):
-    return importlib.import_module(f"minidist.grader.checks.ex{exercise}").EXERCISES
-
-
-def exercise_ranks(ex, siblings=()):
-    """The rank counts one exercise is graded at: 3 and 4 when it needs a ring of at least
-    3 (3 is odd, so chunks are uneven), or when its plug-in check runs the lesson on every
-    rank of the job (the ring of its file's exercises: 2.2, 3.5, 4.1, ...); else the ranks
-    its lesson run needs (4 for lesson 07's grids); else one process (a serial check and a
-    lesson run in one process: 00, 08, 9.1, 10.1 to 10.4 start no MPI job)."""
-    lesson = max((r.ranks for r in ex.runs), default=0)
-    ring = max([ex.min_ranks] + [e.min_ranks for e in siblings])
-    if ex.min_ranks > 1 or (ring > 1 and any(r.ranks == 0 for r in ex.runs)):
-        return (max(ring, lesson), max(ring, lesson) + 1)
-    return (lesson,) if lesson > 1 else (1,)
 
 
 def default_ranks(exercise, only=None):
@@ -475,7 +450,6 @@ def in_separate_jobs(args, jobs, only=None):
     """The rank counts to grade each file at in jobs of its own, or None to grade here:
     under mpirun, inside such a job, or one file whose exercises (those --only names) are
     all graded in one process."""
-    from minidist.grader.classroom import IN_JOB
     if mpi_world() is not None or os.environ.get(IN_JOB):
         return None
     if args.ranks:

@@ -47,7 +47,7 @@ class Run:
     argv: object = ()                         # its flags at a small shape (no --dtype, no --json), or
                                               # a function of the lesson's rank count that returns them
     ranks: int = 0                            # 0: every rank of the job; k: the first k ranks (1: one process)
-    dtypes: tuple = ("float64", "float32")
+    dtypes: tuple = ("float64", "float32")  # (None,): a lesson that takes no --dtype (12_plan)
     judge: object = None                      # report -> True when the run passes (None: the report's "match")
     figures: object = None                    # report -> {name: value} that must equal the package's own run
                                               # of the same setting (a lesson's MATCH may not look at them)
@@ -55,7 +55,8 @@ class Run:
                                               # once: there one's result is another's input (check_together)
 
     def flags(self, n, dtype):
-        return [*(self.argv(n) if callable(self.argv) else self.argv), "--dtype", dtype]
+        return [*(self.argv(n) if callable(self.argv) else self.argv),
+                *(("--dtype", dtype) if dtype is not None else ())]
 
     def command(self, n, dtype):
         flags = " ".join(shlex.quote(a) for a in self.flags(n, dtype))

@@ -25,6 +25,7 @@ from minidist.data import decode, encode
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, GPTConfig
+from minidist.plan.memory import engine_state_bytes
 from minidist.progress import WIDTH, Progress
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig, estimate_loss, get_lr, micro_batches, train_step
@@ -138,14 +139,15 @@ def main(args):
     mem = metrics.memory_by_category(model.parameters(), opt, MEMORY.peak_bytes)
     n_all = sum(p.data.size for p in model.parameters())
     b = np.dtype(dtype_of(cfg.dtype)).itemsize
+    want = engine_state_bytes(0, n_all, 1, b)          # one process: plain AdamW, nothing sharded
     say(f"\nmemory of this process, measured from the arrays it holds; P = {n_all:,} parameters, all of them")
     say(f"(N above leaves out the position table), {b} bytes each:")
     harness.table([
-        ["params", fmt_bytes(mem["params"]), fmt_bytes(n_all * b), f"{b} B x P"],
-        ["grads", fmt_bytes(mem["grads"]), fmt_bytes(n_all * b), f"{b} B x P"],
-        ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(2 * n_all * b), f"2 x {b} B x P"],
+        ["params", fmt_bytes(mem["params"]), fmt_bytes(want["params"]), f"{b} B x P"],
+        ["grads", fmt_bytes(mem["grads"]), fmt_bytes(want["grads"]), f"{b} B x P"],
+        ["optimizer (AdamW m, v)", fmt_bytes(mem["optimizer"]), fmt_bytes(want["optimizer"]), f"2 x {b} B x P"],
         ["total before activations", fmt_bytes(mem["params"] + mem["grads"] + mem["optimizer"]),
-         fmt_bytes(4 * n_all * b), f"{4 * b} B x P"],
+         fmt_bytes(sum(want.values())), f"{4 * b} B x P"],
         ["activations (peak saved for backward)", fmt_bytes(mem["activations_peak"]), "", "grows with B x T"],
     ], header=["category", "measured", "formula", ""])
 
@@ -172,7 +174,7 @@ def main(args):
 
 def _terminal():
     """Whether this lesson's lines go to a terminal (not a file, a pipe, or a test's capture)."""
-    return sys.stdout.isatty() and getattr(harness._here, "captured", None) is None
+    return sys.stdout.isatty() and harness.captured() is None
 
 
 def build_parser():

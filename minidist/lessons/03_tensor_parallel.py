@@ -36,6 +36,7 @@ from minidist.parallel.tp_formulas import expected_bytes
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync, gather
 from minidist.plan.collectives import ring_all_reduce_bytes
 from minidist.plan.memory import tp_weight_bytes
+from minidist.plan.traffic import tp_layer_elements
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -111,9 +112,9 @@ def collectives_table(model, cfg, b, sp, clip):
     per_layer = ("2 all-gathers + 2 reduce-scatters forward, 2 + 2 backward and 2 re-gathers" if regather else
                  "2 all-gathers + 2 reduce-scatters forward, the same backward" if sp else
                  "2 all-reduces forward + 2 backward")
-    n = 10 if regather else 8
+    n, per_rank = 10 if regather else 8, tp_layer_elements(b, T, C, t, regather)
     say(f"  per transformer layer: {per_layer}:\n"
-        f"  {n} b*s*h (t-1)/t = {n * b * T * C * (t - 1) // t:,} elements sent per rank "
+        f"  {n} b*s*h (t-1)/t = {per_rank:,} elements sent per rank "
         "(docs/reference.md#tensor-parallelism)")
 
 

@@ -1,6 +1,10 @@
 """Lesson 04: pipeline parallelism. The GPT's layers are cut into stages, one per rank, and
 micro-batches flow through them in a schedule; the run must equal one process.
 
+Over 400 lines but one story: main calls named sections in order (the schedule, the run, the
+comparison, the bubble, activations, point-to-point bytes, the report); the strategy lives
+in minidist/parallel/schedules.py and pipeline_parallel.py.
+
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule gpipe --micro-batches 8
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --schedule interleaved --chunks 2

@@ -137,12 +137,13 @@ def main(args):
     shards = int(common.mpi_reduce(comm, shards))
     psi = sum(g.n for g in units.groups)
     shards_formula = engine_state_bytes(3, psi, world, item)["params"]     # Psi/N
+    plain = engine_state_bytes(0, psi, world, item)["params"]              # Psi, every rank
     say("\nparameter memory per rank (the largest over ranks), measured from the arrays | formula")
     harness.table([
         ["my shards (kept)", fmt_bytes(shards), f"{fmt_bytes(shards_formula)}  Psi/N = {psi:,} x {item} B / {world}"],
         ["gathered, at the peak", fmt_bytes(peak_gathered), f"{fmt_bytes(formula_gathered)}  {rule}"],
         ["peak", fmt_bytes(shards + peak_gathered), f"{fmt_bytes(shards_formula + formula_gathered)}  "
-                                                   f"(plain data parallelism: {fmt_bytes(psi * item)})"],
+                                                   f"(plain data parallelism: {fmt_bytes(plain)})"],
     ], header=["", "measured", "formula"])
 
     # --- communication: the ring's exact count and the paper's 3 Psi less the root unit

@@ -34,6 +34,7 @@ from minidist.parallel.pipeline_parallel import split_layers
 from minidist.parallel.tensor_parallel import vocab_range
 from minidist.parallel.zero import ZeRO
 from minidist.plan.pipeline import bubble_fraction
+from minidist.plan.traffic import dp_bytes
 from minidist.tensor import MEMORY
 from minidist.train import TrainConfig
 
@@ -169,7 +170,7 @@ def main(args):
             + (f" ({args.recompute} recomputation reruns each layer's 2 forward all-reduces)" if per_layer == 6 else "")
             + ":\n  the most, and every layer waits on them;")
     others = (["PP sends b*s*h per micro-batch per boundary"] if pp > 1 else []) + (
-        [f"DP sends 2(d-1)/d = {2 * (dp - 1) / dp:.3g}x this rank's gradient once per step"] if dp > 1 else [])
+        [f"DP sends 2(d-1)/d = {dp_bytes(1, dp, 1):.3g}x this rank's gradient once per step"] if dp > 1 else [])
     if others:
         say("  " + ";\n  ".join(others))
 

@@ -25,6 +25,7 @@ applies the policy to its stage's L_r blocks, the pipeline's 1F1B backward start
 stage's checkpoints from the gradient the next stage sends, and every rank's peak over
 its blocks (one micro-batch) is printed beside the count for its L_r blocks.
 """
+import argparse
 import math
 import time
 
@@ -39,7 +40,7 @@ from minidist.model import GPT
 from minidist.parallel.parallel_3d import Parallel3D, build_stage, expected_traffic
 from minidist.parallel.tp_formulas import expected_bytes
 from minidist.parallel.tp_model import TensorParallelGPT, TensorParallelSync
-from minidist.plan.memory import activation_layer_bytes, recompute_peak_elements
+from minidist.plan.memory import activation_layer_bytes, best_every_k, recompute_peak_elements
 from minidist.rng import DropoutRNG
 from minidist.tensor import MEMORY, Tensor
 from minidist.train import TrainConfig
@@ -271,19 +272,20 @@ def main(args):
         scan.append(got)
     best = 1 + int(np.argmin(scan))
     xb, Ab = b * s * h * item, count(cfg, "none", b, tp, None, n_layer=1)
+    k_formula = best_every_k(L, xb, Ab)
     say(f"\nevery-k at L={L} (b={b}" + (f", t={tp}" if tp > 1 else "") + (", no pipeline" if pp > 1 else "")
         + "): the blocks' peak, measured (= count), for each k")
     cells = [f"k={kk} {fmt_bytes(v)}" for kk, v in enumerate(scan, 1)]
     for i in range(0, L, 6):
         say("  " + ", ".join(cells[i:i + 6]))
     say(f"  least at k = {best} measured; (L/k) x + k A is least at k = sqrt(L x / A)\n"
-        f"  = sqrt({L} x {fmt_bytes(xb)} / {fmt_bytes(Ab)}) = {math.sqrt(L * xb / Ab):.2f}, not Chen's sqrt(L) = "
+        f"  = sqrt({L} x {fmt_bytes(xb)} / {fmt_bytes(Ab)}) = {k_formula:.2f}, not Chen's sqrt(L) = "
         f"{math.sqrt(L):.2f}, which assumes\n  a checkpoint costs about a block's saves (x ~ A)."
         + (" Here x << A: full (k = 1) keeps the least,\n  and every-k, at full's compute (every block rerun once), "
            "lies between full and none in memory" if xb * L < 2.25 * Ab else ""))
     figures.update({f"every_k_L{L}_k{kk}_bytes": v for kk, v in enumerate(scan, 1)})
     figures["every_k_best_k_measured"] = best
-    figures["every_k_best_k_formula"] = math.sqrt(L * xb / Ab)
+    figures["every_k_best_k_formula"] = k_formula
 
     for policy, r in runs.items():
         key = policy.replace("-", "_")
@@ -318,9 +320,9 @@ def layer_list(text):
     try:
         out = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise harness.argparse.ArgumentTypeError(f"expected layer counts such as 4,9,16, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected layer counts such as 4,9,16, got {text!r}")
     if not out or min(out) < 1:
-        raise harness.argparse.ArgumentTypeError(f"expected layer counts of at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected layer counts of at least 1, got {text!r}")
     return out
 
 

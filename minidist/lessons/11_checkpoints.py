@@ -4,6 +4,10 @@ one index says where every piece of every global tensor lives); a save is killed
 way; the run resumes from the last good checkpoint under ANOTHER layout and must go on
 with the losses and weights of the run that was never interrupted.
 
+Over 400 lines but one story: named steps (train and save, the killed save, the resume under
+another layout, the reads, offload's report), each a function; saving and loading live in
+minidist/checkpoint/.
+
     mpirun -n 4 python -m minidist.lessons.11_checkpoints
     mpirun -n 4 python -m minidist.lessons.11_checkpoints --save-layout zero3 --resume-layout tp2pp2
     mpirun -n 3 python -m minidist.lessons.11_checkpoints --save-layout zero2 --resume-layout dp
@@ -31,11 +35,13 @@ import time
 
 import numpy as np
 
-from minidist.checkpoint import layouts, store
+from minidist.checkpoint import layouts, read as reader, store
+from minidist.checkpoint.index import load_index, resolve
 from minidist.checkpoint.format import CheckpointError
 from minidist.lessons import common, harness
 from minidist.lessons import layout_runs as runs
 from minidist.lessons.harness import fmt_bytes, say
+from minidist.plan.memory import checkpoint_data_bytes
 
 
 def build_parser():
@@ -181,7 +187,7 @@ def run_meta(args, step):
 
 def describe_save(path, comm):
     """Lines about one checkpoint: its files, bytes per rank, pieces per rank."""
-    index = store.load_index(path)
+    index = load_index(path)
     per_rank = {}
     for name, t in index["tensors"].items():
         for piece in t["pieces"]:
@@ -200,8 +206,9 @@ def describe_save(path, comm):
     psi = sum(int(np.prod(t["shape"], dtype=np.int64)) for n, t in tensors.items() if n.startswith("model."))
     item = np.dtype(tensors[next(n for n in tensors if n.startswith("model."))]["dtype"]).itemsize
     files = sum(f["size"] for f in index["files"].values())
+    formula = checkpoint_data_bytes(psi, item)
     lines.append(f"  all files {fmt_bytes(files)}, of which data {data:,} B (after each header); by formula, weights, m\n"
-                 f"  and v, 3 x {psi:,} parameters x {item} B, + 8 B (the step) = {3 * psi * item + 8:,} B")
+                 f"  and v, 3 x {psi:,} parameters x {item} B, + 8 B (the step) = {formula:,} B")
     return lines
 
 
@@ -259,10 +266,10 @@ def killed_save(root, latest_before):
     """A save killed by SIGKILL after its index is written, before it is published: run in a
     child process (one process that loads the latest checkpoint and saves it again)."""
     code = ("import os,sys; os.environ['MINIDIST_CKPT_KILL_AT']='after-index'\n"
-            "from minidist.checkpoint import store\n"
-            "ck = store.resolve(sys.argv[1]); ix = store.load_index(ck)\n"
+            "from minidist.checkpoint import index, read, store\n"
+            "ck = index.resolve(sys.argv[1]); ix = index.load_index(ck)\n"
             "pieces = [{'name': n, 'global_shape': tuple(t['shape']), 'dtype': t['dtype'], 'box': [[0, s] for s in t['shape']],"
-            " 'array': store.read_global(ck, ix, n)} for n, t in ix['tensors'].items()]\n"
+            " 'array': read.read_global(ck, ix, n)} for n, t in ix['tensors'].items()]\n"
             "store.save(None, sys.argv[1], ix['step'] + 1000, pieces, ix['meta'])\n")
     env = dict(os.environ)
     for k in list(env):                  # the child is one plain process, not a rank of this job
@@ -270,8 +277,8 @@ def killed_save(root, latest_before):
             del env[k]
     proc = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, env=env, timeout=120)
     left = sorted(f for f in os.listdir(root) if f.startswith(".tmp-"))
-    after = store.resolve(root)
-    problems = store.verify(root)
+    after = resolve(root)
+    problems = reader.verify(root)
     return proc.returncode, left, after, problems
 
 
@@ -368,14 +375,14 @@ def lesson(comm, args, cfg, data, root):
         # part 2: resume under the other layout
         resumed = runs.build(args.resume_layout, comm, cfg, args.seed + 1, args.lr,   # other weights: all replaced
                              **offload_kw(args, root, "part2"))
-        store.reset_reads()
+        reader.reset_reads()
         t0 = time.perf_counter()
         meta = layouts.load(comm, path, resumed.model, resumed.opt, resumed.zero)
     except CheckpointError as e:
         raise harness.InputError(str(e))
     load_s = time.perf_counter() - t0
     reads = dict(zip(("needed", "read", "checked"), common.mpi_reduce(
-        comm, [store.READS[k] for k in ("needed", "read", "checked")], op="sum").astype(int).tolist()))
+        comm, [reader.READS[k] for k in ("needed", "read", "checked")], op="sum").astype(int).tolist()))
     start = int(meta["train_step"])
     for key, mine in (("seed", args.seed), ("batch_size", args.batch_size)):
         harness.need(meta.get(key, mine) == mine, f"the checkpoint was trained with --{key.replace('_', '-')} "
@@ -387,13 +394,13 @@ def lesson(comm, args, cfg, data, root):
         say(f"  left behind: {', '.join(left) or 'nothing'} (ignored, removed by the next save)")
         say(f"  latest still names {os.path.basename(after)}; verify: {'ok' if not problems else problems[0]}")
     say(f"\npart 2: {resumed.describe()}, steps {start}-{args.steps - 1}\n"
-        f"  loaded {os.path.basename(store.resolve(path))} (saved by {meta['layout']['kind']} on "
+        f"  loaded {os.path.basename(resolve(path))} (saved by {meta['layout']['kind']} on "
         f"{harness.ranks(meta['layout']['ranks'])}) in {load_s * 1e3:.1f} ms")
     for line in describe_reads(reads):
         say(line)
     rest = runs.train(resumed, data, args.batch_size, start, args.steps, args.lr, args.grad_clip, args.seed)
     final = layouts.save(comm, root, args.steps, resumed.model, resumed.opt, resumed.zero, keep=args.keep)
-    got = {n: store.read_global(final, store.load_index(final), f"model.{n}") for n, _ in ref.model.named_parameters()}
+    got = {n: reader.read_global(final, load_index(final), f"model.{n}") for n, _ in ref.model.named_parameters()}
 
     offload = offload_report(comm, args, cfg, data, root) if args.offload == "disk" else None
     for r in (locals().get("run"), resumed):
@@ -418,7 +425,7 @@ def lesson(comm, args, cfg, data, root):
                                          "load_bytes_checksummed": reads["checked"],
                                          "resumed_from_step": start, "offload": offload,
                                          "killed_save_left_latest_intact": None if killed is None else
-                                         bool(not killed[3] and killed[2] == store.resolve(path))})
+                                         bool(not killed[3] and killed[2] == resolve(path))})
     if not report["match"]:
         for line in explain_mismatch(have, losses, len(first), args, tol, 0 if not args.resume else start):
             say(line)

@@ -1,6 +1,10 @@
 """Lesson 13: long context. Blockwise attention keeps no s x s array; context parallelism cuts
 the sequence across ranks, attention included; the run must equal one process.
 
+Over 400 lines but one story: main calls named sections in order (the work per rank, bytes
+beside the formula, memory, overlap, attention's timing); the strategy lives in
+minidist/parallel/context_parallel.py and cp_model.py.
+
     mpirun -n 4 python -m minidist.lessons.13_context_parallel
     mpirun -n 4 python -m minidist.lessons.13_context_parallel --variant ulysses
     mpirun -n 4 python -m minidist.lessons.13_context_parallel --variant allgather

@@ -20,10 +20,9 @@ minidist/cli.py (printing on rank 0, flags, InputError, `run`), minidist/report.
 report and its JSON) and minidist/equivalence.py (`compare`, `TOLERANCE`). This module
 gathers their names for the lessons, as `harness.X`, and adds what only lessons need.
 """
-import argparse  # noqa: F401  (lessons write harness.argparse.ArgumentTypeError)
 import os
 
-from minidist.cli import (EXIT_INPUT, WIDTH, Captured, InputError, _here, add_output,  # noqa: F401
+from minidist.cli import (EXIT_INPUT, WIDTH, Captured, InputError, add_output,  # noqa: F401
                           agreed_need, captured, comm_world, command_with, fit, fmt_bytes,
                           is_root, json_problem, need, nonnegative_float, nonnegative_int, parser,
                           positive_float, positive_int, ranks, run, running, say, table, world)

@@ -56,8 +56,7 @@ from mpi4py import MPI
 from minidist.comm import links as linkmodel
 from minidist.lessons.cpu_cluster import (cpu_cluster, machine_alpha, megatron_placement, one_node,
                                           stream_bandwidth, sustained_flops)
-from minidist.progress import WIDTH, Progress
-from minidist.progress import _clock as clock
+from minidist.progress import WIDTH, Progress, clock
 
 # The model every layout runs (8 heads and 8 layers: every tp and pp of 8 ranks divides them).
 SHAPE = dict(n_layer=8, n_head=8, n_embd=64, block_size=64, batch_size=16, dtype="float32")

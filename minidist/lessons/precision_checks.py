@@ -17,6 +17,7 @@ tolerance) although the variants themselves are not exact.
 import numpy as np
 
 from minidist.lessons.harness import say, table
+from minidist.plan.memory import bytes_per_param
 
 TOLERANCE = 1e-10          # float64 checks (PowerSGD, error feedback); the others are bit for bit
 
@@ -151,9 +152,9 @@ def after_runs(results, runs):
 
 # ----------------------------------------------------------------------------- memory
 
-FORMULAS = {"fp32": (16, "fp32: 4 + 4 + 8 (weights, gradients, AdamW m and v)"),
-            "bf16": (18, "Megatron bf16: 2 + 4 + 12 (fp32 gradients, main_grad)"),
-            "fp16": (16, "ZeRO paper fp16: 2 + 2 + 12 (K = 12)")}
+FORMULAS = {"fp32": (bytes_per_param("fp32"), "fp32: 4 + 4 + 8 (weights, gradients, AdamW m and v)"),
+            "bf16": (bytes_per_param("megatron"), "Megatron bf16: 2 + 4 + 12 (fp32 gradients, main_grad)"),
+            "fp16": (bytes_per_param("zero"), "ZeRO paper fp16: 2 + 2 + 12 (K = 12)")}
 
 
 def memory_rows(results, runs, world):
@@ -169,7 +170,7 @@ def memory_rows(results, runs, world):
         if isinstance(opt, MixedPrecision):
             mem = opt.memory()
             if v.precision == "bf16" and opt.grad_dt.itemsize == 2:
-                formula = (16, "bf16 with 16-bit gradients: 2 + 2 + 12")
+                formula = (bytes_per_param((2, 2, 12)), "bf16 with 16-bit gradients: 2 + 2 + 12")
             else:
                 formula = FORMULAS[v.precision]
         elif hasattr(opt, "memory"):          # ZeRO: its own table (lesson 05); not this one's
@@ -197,7 +198,7 @@ def print_memory(results, runs, world):
         say(f"  ({i + 1}) {r['source']}")
     d = world
     say(f"  Megatron's distributed optimizer shards master, m and v (12 bytes) over d data-parallel ranks:\n"
-        f"  6 + 12/d = {6 + 12 / d:g} bytes per parameter at d = {d} (a formula here; lesson 05 measures sharding)")
+        f"  6 + 12/d = {bytes_per_param('megatron', d, 1):g} bytes per parameter at d = {d} (a formula here; lesson 05 measures sharding)")
 
 
 def goals(rows, runs, targets):

@@ -1,4 +1,7 @@
-"""ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021, arXiv 2104.07857), on a disk.
+"""ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021, arXiv 2104.07857), on a disk. Over 400
+lines but one idea: the files (DiskStore) and the optimizer that streams its state through
+them (OffloadedAdamW) change together, every byte read and written counted; zero.py only
+chooses it.
 
     zero = ZeRO(model, opt, comm, stage=3, units=Units(model, comm),
                 offload="disk", offload_dir="/scratch/me", chunk_bytes=4 * 2**20)

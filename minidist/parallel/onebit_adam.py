@@ -92,6 +92,9 @@ class OneBitAdam:
     clipping (train_step) clips each worker's own gradient in the compressed phase; a
     parameter that no warm-up step gave a gradient has no v and is not updated.
     A checkpoint keeps the frozen v's step (minidist/checkpoint/layouts.py, optim.v_step).
+
+    Every attribute this class does not define (zero_grad, set_lr, state, state_bytes, ...)
+    is the inner AdamW's: __getattr__ forwards it, so the wrapper is used as the AdamW it holds.
     """
 
     def __init__(self, inner, dp):

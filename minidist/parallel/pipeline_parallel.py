@@ -158,6 +158,11 @@ class PipelineGPT(Module):
         self.set_recompute(policy.name if policy else "none", policy.k if policy else None)
 
     @property
+    def pipeline_stages(self):
+        """p, the stages the model is cut into, for a checkpoint's layout name."""
+        return self.p
+
+    @property
     def tensor_parallel(self):
         """The TensorParallelGPT this stage was cut from (its ends' owner), else None: how
         its parameters are sharded, for a checkpoint (minidist/checkpoint/layouts.py)."""

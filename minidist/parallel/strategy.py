@@ -16,6 +16,7 @@ it changes and train_step calls every hook unconditionally: `Strategy()` is one 
     grad_norm_sq(held)  the squared norm of the WHOLE model's gradient, when this rank holds
                         only part of it (a shard, a stage, a partition); None: the local
                         gradients are the whole (every replica holds the same after sync)
+    expert_params       the parameters spread over an expert-parallel group (none here)
     checkpoint_*        what this rank saves and loads of a checkpoint: its pieces of the
                         global tensors, their names and shapes, the optimizer state they
                         go to, what to do after a load, the layout's name
@@ -30,10 +31,13 @@ DistributedDataParallel.no_sync() is a backward that only accumulates.
 """
 import contextlib
 
+from minidist.parallel import pieces
+
 
 class Strategy:
     """What train_step asks of a parallel strategy: every hook, a no-op by default."""
     owns_schedule = False                 # True: forward_backward runs the micro-batches
+    expert_params = ()                    # parameters spread over an expert-parallel group
 
     def forward_backward(self, model, batches, scale):
         """Run every micro-batch's forward and backward (each loss times `scale`) in this
@@ -65,18 +69,17 @@ class Strategy:
         return None
 
     # -- what a checkpoint saves and loads of this rank (minidist/checkpoint/layouts.py);
-    # the defaults read the model: whole tensors, tensor-parallel shards, a pipeline
-    # stage's layers, expert-parallel experts. ZeRO and FSDP report their partitions.
+    # the defaults read the model (minidist/parallel/pieces.py): whole tensors,
+    # tensor-parallel shards, a pipeline stage's layers, expert-parallel experts.
+    # ZeRO and FSDP report their partitions.
     def checkpoint_pieces(self, model, opt):
         """(pieces, states): every region of every global tensor this rank holds, as
-        layouts.Held, and the AdamW state of each parameter they came from."""
-        from minidist.checkpoint import layouts
-        return layouts.model_pieces(model, opt)
+        pieces.Held, and the AdamW state of each parameter they came from."""
+        return pieces.model_pieces(model, opt)
 
     def checkpoint_tensors(self, model):
         """[(name, global shape, dtype)] of every parameter this rank holds part of."""
-        from minidist.checkpoint import layouts
-        return layouts.model_tensors(model)
+        return pieces.model_tensors(model)
 
     def checkpoint_optimizer(self, opt):
         """The optimizer whose state a checkpoint fills."""
@@ -84,8 +87,7 @@ class Strategy:
 
     def checkpoint_params(self, model, opt):
         """The tensors that optimizer keeps state for (fp32 masters under mixed precision)."""
-        from minidist.checkpoint import layouts
-        return layouts.model_params(model, opt)
+        return pieces.model_params(model, opt)
 
     def checkpoint_loaded(self):
         """After a load has filled this rank's pieces (ZeRO 1, 2: all-gather the weights)."""

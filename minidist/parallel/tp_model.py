@@ -1,6 +1,8 @@
 """The GPT cut across a tensor-parallel group (minidist/parallel/tensor_parallel.py has its
 layers): which parameter is cut how, the model built from the whole one, gathering the
 shards back, and the training step's slot (gradient sync and the global norm for clipping).
+Over 400 lines but one idea: the cut (shard_specs), the build, the gather and the sync
+must agree on every parameter, so they are read side by side.
 
     mpirun -n 8 python -m minidist.lessons.03_tensor_parallel --generate 32
 
@@ -431,7 +433,7 @@ class TensorParallelSync(Strategy):
 
     def grad_norm_sq(self, params):
         sharded = {id(p) for n, p in self.model.named_parameters() if n in self.model.specs}
-        spread = {id(p) for p in getattr(self.dp, "expert_params", ())}   # experts over the ep group
+        spread = {id(p) for p in self.dp.expert_params} if self.dp is not None else set()  # over ep
         mine = grad_norm_sq([p for p in params if id(p) in sharded])       # this rank's shards
         replicated = grad_norm_sq([p for p in params if id(p) not in sharded and id(p) not in spread])
         experts = self.dp.expert_grad_norm_sq(params) if spread else 0.0

@@ -48,6 +48,7 @@ from mpi4py import MPI
 from minidist.comm import ring_all_gather
 from minidist.comm.nonblocking import ring_reduce_scatter_start
 from minidist.optim import AdamW, grad_norm_sq
+from minidist.parallel.pieces import Held
 from minidist.parallel.strategy import Strategy
 from minidist.parallel import offload as offload_module
 from minidist.parallel.data_parallel import assign_buckets
@@ -241,7 +242,6 @@ class ZeRO(Strategy):
     def checkpoint_pieces(self, model=None, opt=None):
         """(pieces, states): my partition of every parameter, a flat range [a, b) of it in
         C order, for the weights and AdamW's m and v alike; states: AdamW's per piece."""
-        from minidist.checkpoint.layouts import Held
         out, states = [], []
         shapes = {n: tuple(sh) for g in self.groups for n, sh in zip(g.names, g.shapes)}
         for g in self.groups:

@@ -1,5 +1,7 @@
 """Mixture of experts in the planner: a model's experts, a layout's expert parallelism, and
-what they add to a dense estimate (plan.cost).
+what they add to a dense estimate (plan.cost). Over 400 lines but one idea: every term the
+planner adds for experts (parameters, FLOPs, all-to-all bytes and time, expert state, the
+estimate and its search) in one place, plain arithmetic.
 
     python -c "from minidist.plan.experts import *; print(MIXTRAL_8X7B_EXPERTS)"
 

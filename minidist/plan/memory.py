@@ -1,4 +1,6 @@
-"""Memory per device: model states by ZeRO stage and precision, activations per layer.
+"""Memory per device: model states by ZeRO stage and precision, activations per layer. Over
+400 lines but one idea: every byte count of one device's memory, the papers' and this
+engine's side by side, plain arithmetic.
 
     python -m minidist.memory --params 7.5e9 --dp 64          (the calculator built on this)
 
@@ -25,6 +27,8 @@ FSDP as Llama 3 ran it (section 3.3.2) is ZeRO stage 2: LLAMA3_FSDP_ZERO, below.
 Over 400 lines as one idea: every byte a device holds (model states, the peaks the
 lessons' strategies reach, activations), counted once, here.
 """
+import math
+
 from minidist.plan.rules import segments     # the cut of every-k checkpoints, the engine's own
 
 # bytes per parameter of (weights, gradients, optimizer state)
@@ -117,6 +121,13 @@ def kv_cache_bytes(batch, seq, layers, h, itemsize, t=1):
     """A KV cache of `seq` positions: keys and values of width h in every layer,
     2 b s L h itemsize, cut by t under tensor parallelism (each rank its heads)."""
     return 2 * batch * layers * seq * h * itemsize // t
+
+
+def checkpoint_data_bytes(psi, itemsize, step_bytes=8):
+    """The data a checkpoint of this project's format (minidist/checkpoint) holds, headers
+    aside: Psi weights and AdamW's m and v in the run's dtype, and the step count (one int64,
+    checkpoint/layouts.py): 3 Psi itemsize + 8, however the ranks cut it into files."""
+    return 3 * psi * itemsize + step_bytes
 
 
 # ------------------------------------------------------------------------ activations, the paper
@@ -414,3 +425,12 @@ def recompute_peak_elements(policy, n_layer, b, s, h, a, t=1, s_r=None, dropout=
         kept = A - core + qkv
         return max(L * kept, (L - 1) * kept + before + qkv + core)
     raise ValueError(f"unknown recomputation policy {policy!r}")
+
+
+def best_every_k(n_layer, x_bytes, a_bytes):
+    """The k of every-k checkpointing that keeps the least, as a real number: segments of k
+    blocks keep (L/k) x + k A (recompute_peak_elements, about), least at k = sqrt(L x / A),
+    x a block's input and A one block's saves. Chen et al. 2016 (arXiv 1604.06174, section
+    4.1) count O(n/k) + O(k) and take k = sqrt(n): this rule with x = A. Weighing x against
+    A is this project's reading of the same sum."""
+    return math.sqrt(n_layer * x_bytes / a_bytes)

@@ -34,12 +34,22 @@ def dp_bytes(n_params, n_d, itemsize):
     return 2 * (n_d - 1) * n_params * itemsize / n_d
 
 
-def tp_layer_bytes(b, s, h, t, itemsize, sequence_parallel=False):
-    """Bytes per rank per layer, forward and backward: 4 ring all-reduces of b s h (2 in
+def tp_layer_elements(b, s, h, t, regather=False):
+    """Elements per rank per layer, forward and backward: 4 ring all-reduces of b s h (2 in
     forward, 2 in backward; Shoeybi et al. 2019, Figure 4), or under sequence parallelism
     4 all-gathers and 4 reduce-scatters of it (Korthikanti et al. 2022, section 4.2.2):
-    8 b s h (t-1)/t elements either way."""
-    return 8 * b * s * h * (t - 1) * itemsize / t
+    8 b s h (t-1)/t either way. regather (sequence parallelism only; TensorParallelGPT's
+    default, this engine's choice): c_attn and c_fc gather their input again in backward
+    instead of keeping it, 2 more all-gathers, 10 b s h (t-1)/t. An integer where t divides
+    b s h (floored otherwise; tp_sent counts uneven chunks exactly)."""
+    return (10 if regather else 8) * b * s * h * (t - 1) // t
+
+
+def tp_layer_bytes(b, s, h, t, itemsize, sequence_parallel=False, regather=False):
+    """Bytes per rank per layer, tp_layer_elements' count x itemsize, not floored:
+    8 b s h (t-1)/t itemsize (10 with sequence parallelism's regather)."""
+    n = 10 if regather and sequence_parallel else 8
+    return n * b * s * h * (t - 1) * itemsize / t
 
 
 def zero_bytes(stage, psi, n_d, itemsize, micro_batches=1, root=0, reshard=True):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidist.checkpoint import layouts, store
+from minidist.checkpoint import index as ckindex, layouts, read as reader
 from minidist.data import Dataset, default_corpus
 from minidist.model import GPT, GPTConfig
 from minidist.parallel import fsdp
@@ -88,10 +88,10 @@ def train(model, opt, dp, comm, start, stop):
 
 
 def global_weights(path):
-    ckpt = store.resolve(path)
-    index = store.load_index(ckpt)
+    ckpt = ckindex.resolve(path)
+    index = ckindex.load_index(ckpt)
     names = [n for n in index["tensors"] if n.startswith(("model.", "optim."))]
-    return {n: store.read_global(ckpt, index, n) for n in names}
+    return {n: reader.read_global(ckpt, index, n) for n in names}
 
 
 @pytest.mark.parametrize("kind", ["dp", "zero1", "zero2", "zero3"])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidist.checkpoint import store
+from minidist.checkpoint import index as ckindex, read as reader, store
 from minidist.checkpoint.format import CheckpointError
 
 pytestmark = pytest.mark.mpi
@@ -80,20 +80,20 @@ def same_everywhere(text):
 def test_saved_in_one_split_read_in_another(root):
     path = store.save(COMM, root, 1, my_pieces(), {"layout": {"kind": "test", "ranks": N}})
     assert path == os.path.join(root, "step00000001")
-    index = store.load_index(root)
+    index = ckindex.load_index(root)
     assert index["world_size"] == N and len(index["files"]) == N
     assert [len(index["tensors"][k]["pieces"]) for k in ("w", "v", "n")] == [max(N - 1, 1), N, 1]
-    ckpt = store.resolve(root)
+    ckpt = ckindex.resolve(root)
     a, b = bounds(5, N, RANK)                       # rows, where the save split columns
-    assert np.array_equal(store.read_region(ckpt, index, "w", box=[[a, b], [0, 9]]), GLOBAL["w"][a:b])
+    assert np.array_equal(reader.read_region(ckpt, index, "w", box=[[a, b], [0, 9]]), GLOBAL["w"][a:b])
     a, b = bounds(13, N + 1, (RANK + 1) % (N + 1))   # other flat ranges than the save's
-    assert np.array_equal(store.read_region(ckpt, index, "v", flat=[a, b]), GLOBAL["v"][a:b])
+    assert np.array_equal(reader.read_region(ckpt, index, "v", flat=[a, b]), GLOBAL["v"][a:b])
     a, b = bounds(45, N, RANK)                       # a ZeRO partition of the boxed w
-    assert np.array_equal(store.read_region(ckpt, index, "w", flat=[a, b]), GLOBAL["w"].reshape(-1)[a:b])
-    assert np.array_equal(store.read_global(ckpt, index, "v"), GLOBAL["v"])
-    assert store.read_global(ckpt, index, "n") == 4
+    assert np.array_equal(reader.read_region(ckpt, index, "w", flat=[a, b]), GLOBAL["w"].reshape(-1)[a:b])
+    assert np.array_equal(reader.read_global(ckpt, index, "v"), GLOBAL["v"])
+    assert reader.read_global(ckpt, index, "n") == 4
     if RANK == 0:
-        assert store.verify(root) == []
+        assert reader.verify(root) == []
 
 
 def test_a_gap_on_one_rank_is_the_same_error_on_every_rank(root):
@@ -126,9 +126,9 @@ def test_keep_and_latest_across_ranks(root):
         store.save(COMM, root, step, my_pieces(step), {}, keep=2)
     COMM.Barrier()
     assert sorted(os.listdir(root)) == ["latest", "step00000002", "step00000003"]
-    index = store.load_index(root)
+    index = ckindex.load_index(root)
     assert index["step"] == 3
-    assert np.array_equal(store.read_global(store.resolve(root), index, "w"), GLOBAL["w"] + 3)
+    assert np.array_equal(reader.read_global(ckindex.resolve(root), index, "w"), GLOBAL["w"] + 3)
     with pytest.raises(CheckpointError, match="already exists") as e:
         store.save(COMM, root, 3, my_pieces(3), {})
     assert same_everywhere(str(e.value))

@@ -29,9 +29,9 @@ answer:
 The round trip (both exercises, one process, float64): a tiny GPT (vocabulary 35, padded
 at t = 2 and 3) trained 2 steps; its parameters and AdamW state cut as tensor-parallel
 ranks of t = 2 and 3 hold them; each rank's pieces (minidist.checkpoint.layouts.held_pieces,
-which calls tp_regions) saved as one checkpoint with minidist.checkpoint.store.save; then
-loaded with layouts.load into one process (every weight a box assembled from t pieces by
-store.read_region, which calls copy_overlap), and into the ranks of the other cut (t = 3
+which calls minidist.parallel.pieces.tp_regions) saved as one checkpoint with
+minidist.checkpoint.store.save; then loaded with layouts.load into one process (every
+weight a box assembled from t pieces by read.read_region, which calls copy_overlap), and into the ranks of the other cut (t = 3
 into 2 and 2 into 3: pieces that overlap a region in part). Every loaded weight and AdamW
 moment must equal the saved one, bit for bit, and one more training step of the loaded
 one-process model must give the uninterrupted run's loss and weights.
@@ -46,7 +46,8 @@ import tempfile
 
 import numpy as np
 
-from minidist.checkpoint import layouts, store
+from minidist.checkpoint import layouts, read, store
+from minidist.parallel import pieces as model_pieces
 from minidist.grader.checks import Exercise, yours
 from minidist.grader.plugin import Run, plugged
 
@@ -424,6 +425,16 @@ class _Ranks:
     def parameters(self):
         return [p for _, p in self.named]
 
+    # ... and of its optimizer (optim.Optimizer's checkpoint hooks): AdamW's state, as `state`
+    def adamw(self):
+        return None
+
+    def checkpoint_params(self, params):
+        return list(params)
+
+    def checkpoint_loaded(self):
+        pass
+
 
 CFG = dict(block_size=6, vocab_size=35, n_layer=1, n_head=2, n_embd=10, dtype="float64")
 LR = 1e-2
@@ -519,10 +530,10 @@ def _round_trip(t_save, t_load):
 
 
 def _round_trips(name, fn):
-    """The round trips with fn plugged into minidist.checkpoint in place of the package's `name`."""
+    """The round trips with fn plugged into the package in place of the package's `name`."""
     from minidist.grader.referee import said, where
     from minidist.checkpoint.format import CheckpointError
-    module = layouts if name == "tp_regions" else store
+    module = model_pieces if name == "tp_regions" else read
     for t_save, t_load in ((2, 3), (3, 2)):
         setting = (f"a tiny GPT (vocabulary 35, float64) trained 2 steps, saved as {t_save} tensor-parallel "
                    f"ranks, loaded into one process and into {t_load} ranks, with your {name} in "
@@ -546,7 +557,7 @@ def _round_trips(name, fn):
 # a tiny GPT trained under tensor parallelism on 2 ranks (its c_attn in three blocks, each
 # cut in 2), saved (layouts.held_pieces calls tp_regions), then resumed under data
 # parallelism on the same 2 ranks, each reading whole tensors assembled from the TP
-# pieces (store.read_region calls copy_overlap), and trained on: its losses and final
+# pieces (read.read_region calls copy_overlap), and trained on: its losses and final
 # weights must match one process trained without a stop. A wrong answer there makes the
 # lesson crash (a box outside the tensor, pieces that overlap) or MISMATCH. The check's own
 # round trips (above) add what this run does not reach: t = 3, a padded vocabulary, a
@@ -557,6 +568,6 @@ RUNS = (Run(LESSON, lambda n: ("--n-layer", "1", "--n-embd", "16", "--n-head", "
                                "--save-layout", "tp", "--resume-layout", "dp"), ranks=2),)
 
 EXERCISES = [
-    Exercise("11.1", "tp_regions", layouts.tp_regions, check_tp_regions, runs=RUNS),
-    Exercise("11.2", "copy_overlap", store.copy_overlap, check_copy_overlap, runs=RUNS),
+    Exercise("11.1", "tp_regions", model_pieces.tp_regions, check_tp_regions, runs=RUNS),
+    Exercise("11.2", "copy_overlap", read.copy_overlap, check_copy_overlap, runs=RUNS),
 ]
