@@ -144,14 +144,19 @@ def read_header(path):
     return header
 
 
-def read_tensor(path, name, header=None):
-    """One tensor, reading only its bytes (header: read_header(path), to skip reading it again)."""
+def _entry(path, name, header):
+    """(header, tensor entry, begin, end, little-endian dtype) of tensor `name` in a file."""
     header = read_header(path) if header is None else header
     if name not in header or name == "__metadata__":
         raise CheckpointError(f"{path}: holds no tensor {name!r}")
     e = header[name]
     begin, end = e["data_offsets"]
-    dtype = dtype_from_name(CODES[e["dtype"]]).newbyteorder("<")
+    return header, e, begin, end, dtype_from_name(CODES[e["dtype"]]).newbyteorder("<")
+
+
+def read_tensor(path, name, header=None):
+    """One tensor, reading only its bytes (header: read_header(path), to skip reading it again)."""
+    header, e, begin, end, dtype = _entry(path, name, header)
     buf = bytearray(end - begin)
     try:
         with open(path, "rb") as f:
@@ -169,12 +174,7 @@ def read_ranges(path, name, ranges, header=None):
     in the order given, concatenated: one seek and one read per range (ranges that touch
     are read together), so only those bytes leave the file. Returns (1-D array, bytes read).
     A rank loading a box of a tensor that ZeRO saved as flat ranges reads this way."""
-    header = read_header(path) if header is None else header
-    if name not in header or name == "__metadata__":
-        raise CheckpointError(f"{path}: holds no tensor {name!r}")
-    e = header[name]
-    begin, end = e["data_offsets"]
-    dtype = dtype_from_name(CODES[e["dtype"]]).newbyteorder("<")
+    header, e, begin, end, dtype = _entry(path, name, header)
     count = (end - begin) // dtype.itemsize
     merged = []
     for a, b in ranges:
