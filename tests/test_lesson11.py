@@ -100,15 +100,22 @@ def test_a_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def deliverable_sigint():
+    """In the child before exec: SIGINT neither ignored nor blocked, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_leaves_no_temporary_folder(tmp_path):
     """One process (no launcher needed), interrupted by SIGINT once its folder exists."""
     env = dict(ENV, TMPDIR=str(tmp_path))
     # SIGINT as a terminal's Ctrl-C delivers it: a shell starts background jobs with SIGINT
-    # ignored, and Python then installs no KeyboardInterrupt handler, so the child restores it
+    # ignored (Python then installs no KeyboardInterrupt handler), and a CI runner may start
+    # its jobs with SIGINT blocked (the mask survives exec), so the child undoes both
     proc = subprocess.Popen([sys.executable, "-m", LESSON, "--save-layout", "single", "--resume-layout",
                              "single", "--steps", "2000", "--stop-at", "1000", "--save-every", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=deliverable_sigint)
     try:
         for line in proc.stdout:
             if line.startswith("checkpoints in"):
