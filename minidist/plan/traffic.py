@@ -21,6 +21,8 @@ Compressed data parallelism (minidist/parallel/compression.py), exactly: ring_by
 wire's dtype (fp16), two_phase_sent of the coded chunks (int8, 1 bit), onebit_adam_sent,
 powersgd_sent, and compressed_run_sent over a run with its uncompressed warm-up.
 """
+from collections import Counter
+
 from minidist.plan.collectives import (ring_all_gather_sent, ring_all_reduce_sent,
                                        ring_reduce_scatter_sent)
 from minidist.plan.pipeline import p2p_bytes
@@ -171,7 +173,7 @@ def pp_sent(stages, n_virtual, batch_rows, s, h, itemsize):
     """Bytes rank sends point-to-point in one pipeline step: b s h per micro-batch (rows b
     of `batch_rows`) per boundary, forward from each of its virtual `stages` that is not
     the last of n_virtual, backward from each that is not the first."""
-    per_mb = sum(p2p_bytes(b, s, h, itemsize) for b in batch_rows)
+    per_mb = sum(k * p2p_bytes(b, s, h, itemsize) for b, k in Counter(batch_rows).items())  # m can be 1000s
     return sum(per_mb * ((v < n_virtual - 1) + (v > 0)) for v in stages)
 
 
