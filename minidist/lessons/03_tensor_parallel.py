@@ -21,6 +21,8 @@ all-gathers per layer, every activation cut by t); --sp-keep-gathered keeps the 
 input instead, and sends the same bytes as plain TP. --generate N then decodes N tokens greedily with
 the sharded model and a KV cache, and with the single-process model, and compares.
 """
+from types import SimpleNamespace
+
 import numpy as np
 from mpi4py import MPI
 
@@ -139,7 +141,11 @@ def gather_all(model, state):
     return out
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The input checked, the grid built, the run described: the lesson's state, which the
+    sections below read and add to."""
     comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
@@ -157,99 +163,144 @@ def main(args):
     say(f"batch   global {args.batch_size} sequences" + (f" = {grid.dp} replicas x {per_dp}" if grid.dp > 1 else ""))
     say(f"steps   {args.steps} AdamW steps, " + (f"clipping at global norm {args.grad_clip}" if args.grad_clip
                                                   else "no clipping") + "\n")
-
     tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
                      min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    return SimpleNamespace(args=args, comm=comm, cfg=cfg, tp=tp, per_dp=per_dp, data=data, grid=grid, sp=sp,
+                           tc=tc)
 
-    # --- the tensor-parallel run: every rank builds the whole GPT, keeps its shards
-    model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=sp,
-                              sp_keep_gathered=args.sp_keep_gathered)
+
+# ----------------------------------------------------------------------- 2. the run and one process
+
+def tensor_parallel_run(run):
+    """Every rank builds the whole GPT and keeps its shards (who holds what shown), then trains."""
+    args, cfg, grid, tc = run.args, run.cfg, run.grid, run.tc
+    run.model = model = TensorParallelGPT(GPT(cfg, seed=args.seed), grid.tp_comm, sequence_parallel=run.sp,
+                                          sp_keep_gathered=args.sp_keep_gathered)
     say("who holds what (every layer alike)")
     layer_picture(model, cfg)
     dp = NaiveDataParallel(model, grid.dp_comm) if grid.dp > 1 else None
-    opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
+    run.opt = model.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
     rows = shard_slice(args.batch_size, grid.dp_rank, grid.dp)
     MEMORY.reset_peak()
-    with stats.measure() as m:        # the sync slot also supplies the global norm for clipping
-        losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, 1,
-                                                        TensorParallelSync(model, dp))
-    act_peak = MEMORY.peak_bytes
-    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
-    state = gather_all(model, state)
+    with stats.measure() as run.meas:        # the sync slot also supplies the global norm for clipping
+        losses, state, run.times = common.train_and_collect(model, run.opt, run.data, args, tc, rows, 1,
+                                                            TensorParallelSync(model, dp))
+    run.act_peak = MEMORY.peak_bytes
+    run.losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
+    run.state = gather_all(model, state)
 
-    # --- the reference: one process, the whole model and batch
-    ref = GPT(cfg, seed=args.seed)
+
+def compare_section(run):
+    """The reference: one process, the whole model and batch, against the shards gathered back."""
+    args, cfg, comm, grid, tc, state = run.args, run.cfg, run.comm, run.grid, run.tc, run.state
+    run.ref = ref = GPT(cfg, seed=args.seed)
     ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
-    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
-    state["loss"], ref_state["loss"] = np.array(losses), np.array(ref_losses)
+    run.ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, run.data, args, tc)
+    state["loss"], ref_state["loss"] = np.array(run.losses), np.array(run.ref_losses)
     rel, abs_diff, _ = harness.compare(state, ref_state)
-    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
-    tol = harness.TOLERANCE[cfg.dtype]
-    match = bool(rel <= tol)
+    run.rel, run.abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    run.tol = harness.TOLERANCE[cfg.dtype]
+    run.match = bool(run.rel <= run.tol)
 
-    common.report_comparison(comm, f"tp={tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), ref_losses,
-                             losses, state, ref_state, tol, show_where="",
+    common.report_comparison(comm, f"tp={run.tp}" + (f" x dp={grid.dp}" if grid.dp > 1 else ""), run.ref_losses,
+                             run.losses, state, ref_state, run.tol, show_where="",
                              notes=["shards gathered back to whole tensors, padding removed"])
 
-    # --- communication: measured beside the formula, per rank per step (the largest over ranks)
+
+# --------------------------------------------------------------------------------- 3. communication
+
+def comm_section(run):
+    """The collectives of one micro-batch, and the bytes each rank sent per step measured beside
+    the formula (the largest over ranks)."""
+    args, cfg, comm, grid, model, meas, tp, per_dp = (run.args, run.cfg, run.comm, run.grid, run.model, run.meas,
+                                                      run.tp, run.per_dp)
     say(f"\ncollectives of one micro-batch of b={per_dp} sequences (s={cfg.block_size}, h={cfg.n_embd}, t={tp})")
-    collectives_table(model, cfg, per_dp, sp, bool(args.grad_clip))
+    collectives_table(model, cfg, per_dp, run.sp, bool(args.grad_clip))
     want = expected_bytes(model, per_dp, cfg.block_size, clip=bool(args.grad_clip), dp_comm=grid.dp_comm)
     names = sorted(want)
-    got = {n: int(common.mpi_reduce(comm, m.bytes_sent(n) // args.steps)) for n in names}
-    exp = {n: int(common.mpi_reduce(comm, want[n][1])) for n in names}
-    calls = {n: int(common.mpi_reduce(comm, m.get(n, {}).get("calls", 0) // args.steps)) for n in names}
+    run.got = got = {n: int(common.mpi_reduce(comm, meas.bytes_sent(n) // args.steps)) for n in names}
+    run.exp = exp = {n: int(common.mpi_reduce(comm, want[n][1])) for n in names}
+    calls = {n: int(common.mpi_reduce(comm, meas.get(n, {}).get("calls", 0) // args.steps)) for n in names}
     say("\nbytes sent per rank per step" + (" (all-reduces include the data-parallel average)" if grid.dp > 1 else ""))
     harness.table([[n, calls[n], want[n][0], f"{got[n]:,}", f"{exp[n]:,}", "equal" if got[n] == exp[n] else "DIFFERENT"]
                    for n in names], header=["collective", "calls measured", "calls by formula", "bytes measured", "bytes by formula", "verdict"])
-    bytes_ok = all(got[n] == exp[n] for n in names)
-    if sp:
+    run.bytes_ok = all(got[n] == exp[n] for n in names)
+    if run.sp:
         other_variant(model, per_dp, cfg.block_size, got, bool(args.grad_clip), grid)
     logits = per_dp * cfg.block_size * padded_vocab(cfg.vocab_size, tp) * np.dtype(cfg.dtype).itemsize
     say(f"  never the logits: one all-reduce of the b*s*v logits would send "
         f"{fmt_bytes(ring_all_reduce_bytes(logits, tp))} alone")
 
-    # --- memory per rank
+
+# ------------------------------------------------------------------------------- 4. memory per rank
+
+def memory_section(run):
+    """Weights per rank beside 1/t of the sharded values plus the replicated ones; the
+    activations, layer by layer, beside this engine's count."""
+    cfg, comm, model, tp = run.cfg, run.comm, run.model, run.tp
     item = np.dtype(cfg.dtype).itemsize
     sharded = sum(int(np.prod(s)) for n, s in model.full_shapes.items() if n in model.specs)
     sharded += (padded_vocab(cfg.vocab_size, tp) - cfg.vocab_size) * cfg.n_embd
     replicated = sum(int(np.prod(s)) for n, s in model.full_shapes.items() if n not in model.specs)
-    params = sum(p.data.nbytes for p in model.parameters())
+    run.params = params = sum(p.data.nbytes for p in model.parameters())
     weights_formula = tp_weight_bytes(sharded, replicated, tp, item)
     say("\nmemory per rank")
     harness.table([["weights", fmt_bytes(params), f"{fmt_bytes(weights_formula)} = 1/{tp} of {sharded:,} sharded "
                     f"+ {replicated:,} replicated values"],
-                   ["activations, whole step", fmt_bytes(common.mpi_reduce(comm, act_peak)),
+                   ["activations, whole step", fmt_bytes(common.mpi_reduce(comm, run.act_peak)),
                     "the layers below, the embedding, the head and the loss"],
                    ["  (peak saved)", "", ""]],
                   header=["", "measured", "formula"])
-    act_ok, figures = activation_table(cfg, per_dp, grid.tp_comm, args.seed)
+    run.act_ok, run.figures = activation_table(cfg, run.per_dp, run.grid.tp_comm, run.args.seed)
 
-    gen_ok = True
-    if args.generate:
-        gen_ok, gen_figures = generation_report(model, ref, data, args.generate, grid)
-        figures.update(gen_figures)
 
-    step_time = common.mpi_reduce(comm, float(np.median(times)))
+# ------------------------------------------------------------------------------- 5. greedy decoding
+
+def generation_section(run):
+    """With --generate: greedy decoding with a KV cache, sharded and in one process."""
+    run.gen_ok = True
+    if run.args.generate:
+        run.gen_ok, gen_figures = generation_report(run.model, run.ref, run.data, run.args.generate, run.grid)
+        run.figures.update(gen_figures)
+
+
+# ------------------------------------------------------------------------------------ 6. the report
+
+def report_section(run):
+    """The step time, the figures and the verdict."""
+    args, comm, model, act_peak = run.args, run.comm, run.model, run.act_peak
+    step_time = common.mpi_reduce(comm, float(np.median(run.times)))
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (slowest rank)")
-    mem = {"params": int(common.mpi_reduce(comm, params)),
+    mem = {"params": int(common.mpi_reduce(comm, run.params)),
            "grads": int(common.mpi_reduce(comm, sum(p.grad.nbytes for p in model.parameters() if p.grad is not None))),
-           "optimizer": int(common.mpi_reduce(comm, opt.state_bytes())),
+           "optimizer": int(common.mpi_reduce(comm, run.opt.state_bytes())),
            "activations_peak": int(common.mpi_reduce(comm, act_peak))}
     report = harness.new_report(
-        "03_tensor_parallel", args, parallel={"tp": tp, "dp": grid.dp, "pp": 1, "sequence_parallel": bool(sp)},
-        match=bool(match and bytes_ok and act_ok and gen_ok), max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
-        losses={"reference": ref_losses, "parallel": losses},
-        comm={"bytes_sent": got, "expected_bytes": exp}, memory=mem, step_time_s=step_time, figures=figures)
+        "03_tensor_parallel", args, parallel={"tp": run.tp, "dp": run.grid.dp, "pp": 1,
+                                              "sequence_parallel": bool(run.sp)},
+        match=bool(run.match and run.bytes_ok and run.act_ok and run.gen_ok), max_rel_diff=run.rel,
+        max_abs_diff=run.abs_diff, tolerance=run.tol, losses={"reference": run.ref_losses, "parallel": run.losses},
+        comm={"bytes_sent": run.got, "expected_bytes": run.exp}, memory=mem, step_time_s=step_time,
+        figures=run.figures)
     say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; bytes and activation\n"
         "bytes equal to their counts" + ("; the same generated tokens as one process" if args.generate else ""))
-    if not bytes_ok:
+    if not run.bytes_ok:
         say("\nthe bytes measured differ from the formula: a collective too many, or one of the wrong size")
-    if not act_ok:
+    if not run.act_ok:
         say("\nthe activation meter differs from this engine's count: a Function saves more (or less) than listed")
-    if not gen_ok:
+    if not run.gen_ok:
         say("\nthe tensor-parallel model generated other tokens than the single-process model")
-    return harness.finish(report, args)
+    return report
+
+
+def main(args):
+    run = setup(args)
+    tensor_parallel_run(run)
+    compare_section(run)
+    comm_section(run)
+    memory_section(run)
+    generation_section(run)
+    return harness.finish(report_section(run), args)
 
 
 def build_parser():

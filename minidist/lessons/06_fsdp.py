@@ -14,6 +14,7 @@ per rank measured from the arrays beside "my shards + the root + one block (two 
 a prefetch flies)", and the bytes sent beside (N-1)/N x (3 Psi - root).
 """
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -82,7 +83,11 @@ def draw_units(events, names, width=60):
         "gradients  . freed")
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The batch rows and data, the run described: the lesson's state, which the sections below
+    read and add to."""
     comm = harness.comm_world()
     rank, world = comm.Get_rank(), comm.Get_size()
     cfg = common.config_from_args(args, world)
@@ -93,50 +98,69 @@ def main(args):
     say(f"model   n_layer={cfg.n_layer} n_head={cfg.n_head} n_embd={cfg.n_embd} {cfg.dtype}; global batch "
         f"{args.batch_size} = {world} ranks x {args.batch_size // world}"
         + (f" as {args.grad_accum} micro-batches" if args.grad_accum > 1 else ""))
+    return SimpleNamespace(args=args, comm=comm, world=world, cfg=cfg, rows=rows, data=data)
 
+
+# ----------------------------------------------------------------------- 2. one process and the run
+
+def train_both(run):
+    """The reference (one process, the whole batch), then FSDP on every rank, its traffic counted."""
+    args, cfg, comm, data = run.args, run.cfg, run.comm, run.data
     ref_model, ref_opt, tc = make_run(args, cfg)
-    ref_losses, ref_full, _ = common.train_and_collect(ref_model, ref_opt, data, args, tc, micro=args.grad_accum)
-
-    model, opt, _ = make_run(args, cfg)
-    fsdp = FSDP(model, opt, comm, reshard_after_forward=args.reshard, prefetch=args.prefetch)
-    units = fsdp.units
+    run.ref_losses, run.ref_full, _ = common.train_and_collect(ref_model, ref_opt, data, args, tc,
+                                                               micro=args.grad_accum)
+    run.model, opt, _ = make_run(args, cfg)
+    run.fsdp = fsdp = FSDP(run.model, opt, comm, reshard_after_forward=args.reshard, prefetch=args.prefetch)
+    run.units = fsdp.units
     MEMORY.reset_peak()
-    with stats.measure() as m:
-        losses, state, times = common.train_and_collect(model, fsdp, data, args, tc, rows, args.grad_accum, fsdp)
-    state["loss"] = common.mpi_reduce(comm, losses, "sum") / world
-    ref = {k: reference_slice(k, ref_full) for k in state if k != "loss"}
-    ref["loss"] = np.array(ref_losses)
-    rel, abs_diff, worst = harness.compare(state, ref)
-    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
-    tol = harness.TOLERANCE[cfg.dtype]
+    with stats.measure() as run.meas:
+        losses, run.state, run.times = common.train_and_collect(run.model, fsdp, data, args, tc, run.rows,
+                                                                args.grad_accum, fsdp)
+    run.state["loss"] = common.mpi_reduce(comm, losses, "sum") / run.world
+
+
+def compare_section(run):
+    """Each rank's shards against the same elements of the reference (nothing gathered back), and
+    the last micro-batch's units drawn."""
+    comm, cfg, state, units = run.comm, run.cfg, run.state, run.units
+    ref = {k: reference_slice(k, run.ref_full) for k in state if k != "loss"}
+    ref["loss"] = np.array(run.ref_losses)
+    rel, abs_diff, _ = harness.compare(state, ref)
+    run.rel, run.abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    run.tol = tol = harness.TOLERANCE[cfg.dtype]
 
     say(textwrap.fill(f"units   {len(units.groups)}: " + ", ".join(f"{n} {g.n:,}" for n, g in zip(units.names, units.groups))
                       + " parameters;", harness.WIDTH, subsequent_indent=" " * 8, break_long_words=False)
         + "\n        each rank keeps 1/N of each (numpy.array_split of the unit's flat buffer)")
-    common.report_comparison(comm, "FSDP", ref_losses, state["loss"], state, ref, tol,
-                             loss_label=f"loss FSDP {world} ranks",
+    common.report_comparison(comm, "FSDP", run.ref_losses, state["loss"], state, ref, tol,
+                             loss_label=f"loss FSDP {run.world} ranks",
                              notes=["each rank's shard \"NAME[a:b]\" against elements a:b of the reference's NAME\n"
                                     "    (nothing gathered back)"])
-    say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
+    say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if run.rel <= tol else 'OUTSIDE'}")
 
     say("\nthe last micro-batch on rank 0, unit by unit (forward goes down the blocks, backward comes back up)")
     draw_units(last_micro_batch(units.events), units.names)
 
-    # --- parameter memory: measured from the arrays, beside the rule
-    item = np.dtype(cfg.dtype).itemsize
+
+# ------------------------------------------------------------------------------ 3. parameter memory
+
+def memory_section(run):
+    """Parameter memory per rank, measured from the arrays, beside the rule."""
+    args, comm, units, world = run.args, run.comm, run.units, run.world
+    run.item = item = np.dtype(run.cfg.dtype).itemsize
     sizes = [g.n * item for g in units.groups]
     shards = sum(g.shard.nbytes for g in units.groups)
     alive = fsdp_gathered_units(sizes, args.reshard, args.prefetch)    # the rule's units at the peak
-    formula_gathered = sum(alive)
+    run.formula_gathered = formula_gathered = sum(alive)
     if args.reshard:
         held = len(alive) - 1
         rule = f"root {fmt_bytes(sizes[0])} + {held} block{'s' if held > 1 else ''} x {fmt_bytes(alive[1])}"
     else:
         rule = "every unit: nothing is freed until its backward"
-    peak_gathered = int(common.mpi_reduce(comm, units.peak))
-    shards = int(common.mpi_reduce(comm, shards))
-    psi = sum(g.n for g in units.groups)
-    shards_formula = engine_state_bytes(3, psi, world, item)["params"]     # Psi/N
+    run.peak_gathered = peak_gathered = int(common.mpi_reduce(comm, units.peak))
+    run.shards = shards = int(common.mpi_reduce(comm, shards))
+    run.psi = psi = sum(g.n for g in units.groups)
+    run.shards_formula = shards_formula = engine_state_bytes(3, psi, world, item)["params"]     # Psi/N
     plain = engine_state_bytes(0, psi, world, item)["params"]              # Psi, every rank
     say("\nparameter memory per rank (the largest over ranks), measured from the arrays | formula")
     harness.table([
@@ -146,11 +170,19 @@ def main(args):
                                                    f"(plain data parallelism: {fmt_bytes(plain)})"],
     ], header=["", "measured", "formula"])
 
-    # --- communication: the ring's exact count and the paper's 3 Psi less the root unit
-    sent = {c: int(common.mpi_reduce(comm, m.bytes_sent(c) // args.steps)) for c in ("reduce_scatter", "all_gather")}
-    exact = {c: int(common.mpi_reduce(comm, v)) for c, v in expected_sent(fsdp, args.grad_accum).items()}
-    root = units.groups[0].n
-    paper = zero_bytes(3, psi, world, item, args.grad_accum, root, args.reshard)
+
+# --------------------------------------------------------------------------------- 4. communication
+
+def comm_section(run):
+    """Bytes sent per step: measured, the ring's exact count, and the paper's 3 Psi less the root
+    unit."""
+    args, comm, psi, item = run.args, run.comm, run.psi, run.item
+    run.sent = sent = {c: int(common.mpi_reduce(comm, run.meas.bytes_sent(c) // args.steps))
+                       for c in ("reduce_scatter", "all_gather")}
+    run.exact = exact = {c: int(common.mpi_reduce(comm, v))
+                         for c, v in expected_sent(run.fsdp, args.grad_accum).items()}
+    run.root = root = run.units.groups[0].n
+    run.paper = paper = zero_bytes(3, psi, run.world, item, args.grad_accum, root, args.reshard)
     k = f"{args.grad_accum} x " if args.grad_accum > 1 else ""
     term = "3 Psi - root" if args.reshard else "2 Psi"
     say(f"\ncommunication per step per rank, bytes sent (Psi = {psi:,}, root = {root:,} parameters)")
@@ -167,33 +199,48 @@ def main(args):
         say("  2 Psi: without resharding each unit is gathered once and kept until its backward\n"
             "  (more memory, less traffic).")
 
-    step_time = common.mpi_reduce(comm, float(np.median(times)))
+
+# ------------------------------------------------------------------------------------ 5. the report
+
+def report_section(run):
+    """The step time, the figures and the verdict."""
+    args, comm, units, sent, exact = run.args, run.comm, run.units, run.sent, run.exact
+    shards, peak_gathered, formula_gathered = run.shards, run.peak_gathered, run.formula_gathered
+    step_time = common.mpi_reduce(comm, float(np.median(run.times)))
     say(f"\ntraining step: median {step_time * 1e3:.1f} ms (the slowest rank)")
     gather_ok = sent == exact
     memory_ok = peak_gathered == formula_gathered
     if not memory_ok:
         say(f"  gathered parameters at the peak {peak_gathered:,} B, the rule says {formula_gathered:,} B: DIFFERS")
-    freed = all(p.data.size == 0 for p in model.parameters())
+    freed = all(p.data.size == 0 for p in run.model.parameters())
     if not freed:
         say("  gathered parameters still alive after the step: NOT FREED")
-    match = bool(rel <= tol and gather_ok and memory_ok and freed)
-    mem = {"params": shards + peak_gathered, "grads": int(common.mpi_reduce(comm, fsdp.peak_grad_bytes)),
-           "optimizer": int(common.mpi_reduce(comm, fsdp.state_bytes())),
+    match = bool(run.rel <= run.tol and gather_ok and memory_ok and freed)
+    mem = {"params": shards + peak_gathered, "grads": int(common.mpi_reduce(comm, run.fsdp.peak_grad_bytes)),
+           "optimizer": int(common.mpi_reduce(comm, run.fsdp.state_bytes())),
            "activations_peak": int(common.mpi_reduce(comm, MEMORY.peak_bytes))}
-    figures = {"params_shards_measured": shards, "params_shards_formula": shards_formula,
+    figures = {"params_shards_measured": shards, "params_shards_formula": run.shards_formula,
                "params_gathered_peak_measured": peak_gathered, "params_gathered_peak_formula": formula_gathered,
                "params_peak_measured": shards + peak_gathered,
-               "params_peak_formula": shards_formula + formula_gathered,
-               "bytes_sent": sum(sent.values()), "bytes_ring": sum(exact.values()), "bytes_paper": paper,
-               "psi": psi, "root_params": root, "units": len(units.groups)}
-    report = harness.new_report(
-        "06_fsdp", args, parallel={"dp": world, "tp": 1, "pp": 1, "fsdp_units": len(units.groups),
+               "params_peak_formula": run.shards_formula + formula_gathered,
+               "bytes_sent": sum(sent.values()), "bytes_ring": sum(exact.values()), "bytes_paper": run.paper,
+               "psi": run.psi, "root_params": run.root, "units": len(units.groups)}
+    return harness.new_report(
+        "06_fsdp", args, parallel={"dp": run.world, "tp": 1, "pp": 1, "fsdp_units": len(units.groups),
                                    "reshard_after_forward": bool(args.reshard), "prefetch": bool(args.prefetch),
                                    "grad_accum": args.grad_accum},
-        match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
-        losses={"reference": ref_losses, "parallel": list(state["loss"])},
+        match=match, max_rel_diff=run.rel, max_abs_diff=run.abs_diff, tolerance=run.tol,
+        losses={"reference": run.ref_losses, "parallel": list(run.state["loss"])},
         comm={"bytes_sent": sent, "expected_bytes": exact}, memory=mem, step_time_s=step_time, figures=figures)
-    return harness.finish(report, args)
+
+
+def main(args):
+    run = setup(args)
+    train_both(run)
+    compare_section(run)
+    memory_section(run)
+    comm_section(run)
+    return harness.finish(report_section(run), args)
 
 
 def build_parser():

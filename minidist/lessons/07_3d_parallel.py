@@ -19,6 +19,8 @@ the rank's parameters, and the pipeline's bubble. --recompute runs each stage's 
 under a recomputation policy (lesson 08): the numbers must not change, the TP group sends
 each checkpointed layer's two forward all-reduces again.
 """
+from types import SimpleNamespace
+
 import numpy as np
 from mpi4py import MPI
 
@@ -94,7 +96,11 @@ def role_table(grid, cfg, v, slot):
                   + (["ZeRO-1 partition"] if slot.zero is not None else []))
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The input checked, the grid built, the run described: the lesson's state, which the
+    sections below read and add to."""
     comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
@@ -110,60 +116,86 @@ def main(args):
     say(f"steps   {args.steps} AdamW steps, clipping at global norm {args.grad_clip}")
     say(f"recompute {args.recompute}" + (f" (a checkpoint per k={args.k or 'round(sqrt(L_r))'} of each stage's blocks)"
                                          if args.recompute == "every-k" else "") + "\n")
+    return SimpleNamespace(args=args, comm=comm, world=world, cfg=cfg, tp=tp, pp=pp, dp=dp, v=v, m=m, data=data,
+                           grid=grid, per_dp=per_dp)
 
-    tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
-                     min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
-    stage, tp_model = build_stage(GPT(cfg, seed=args.seed), grid, v, args.recompute, args.k)
+
+# -------------------------------------------------------------------------------- 2. who holds what
+
+def roles_section(run):
+    """Each rank's stage, TP shards and (with --zero 1) ZeRO partition, built and shown."""
+    args, cfg, grid = run.args, run.cfg, run.grid
+    run.tc = tc = TrainConfig(batch_size=args.batch_size, max_iters=args.steps, learning_rate=args.lr,
+                              min_lr=args.lr / 10, warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    run.stage, run.tp_model = build_stage(GPT(cfg, seed=args.seed), grid, run.v, args.recompute, args.k)
+    stage = run.stage
     opt = stage.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
-    zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
-    slot = Parallel3D(stage, tp_model, grid, args.schedule, m, opt, zero)
+    run.zero = ZeRO(stage, opt, grid.dp_comm, 1) if args.zero else None
+    run.slot = Parallel3D(stage, run.tp_model, grid, args.schedule, run.m, opt, run.zero)
     say("who holds what (tp varies fastest: a TP group is neighbouring ranks, one node's GPUs)")
     say("  the order is tp, then pp, then dp (ProcessGrid), so each replica is one block of neighbouring\n"
         "  ranks; Megatron-LM's default differs (tp, then dp, pipeline outermost) to keep DP groups\n"
         "  near each other")
-    role_table(grid, cfg, v, slot)
+    role_table(grid, cfg, run.v, run.slot)
 
-    rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
+
+# ----------------------------------------------------------------------- 3. the run and one process
+
+def parallel_run(run):
+    """Train the 3D layout: each replica's rows, m micro-batches through the pipeline."""
+    grid, per_dp = run.grid, run.per_dp
+    run.rows = slice(grid.dp_rank * per_dp, (grid.dp_rank + 1) * per_dp)
     MEMORY.reset_peak()
-    losses, state, times = common.train_and_collect(stage, slot, data, args, tc, rows, m, slot)
-    act_peak = MEMORY.peak_bytes
-    losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / dp)
+    losses, run.state, run.times = common.train_and_collect(run.stage, run.slot, run.data, run.args, run.tc,
+                                                            run.rows, run.m, run.slot)
+    run.act_peak = MEMORY.peak_bytes
+    run.losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / run.dp)
 
-    # --- the reference: one process; each rank compares what it holds, cut as it holds it
+
+def compare_section(run):
+    """The reference: one process; each rank compares what it holds, cut as it holds it."""
+    args, cfg, comm, tc, state = run.args, run.cfg, run.comm, run.tc, run.state
     ref = GPT(cfg, seed=args.seed)
     ref_opt = ref.configure_optimizers(tc.weight_decay, tc.learning_rate, (tc.beta1, tc.beta2))
-    ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, data, args, tc)
-    mine = {k: reference_value(k, ref_state, tp_model) for k in state}
-    state["loss"], mine["loss"] = np.array(losses), np.array(ref_losses)
+    run.ref_losses, ref_state, _ = common.train_and_collect(ref, ref_opt, run.data, args, tc)
+    mine = {k: reference_value(k, ref_state, run.tp_model) for k in state}
+    state["loss"], mine["loss"] = np.array(run.losses), np.array(run.ref_losses)
     rel, abs_diff, _ = harness.compare(state, mine)
-    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    run.rel, run.abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
     names = sorted(n for n, _ in ref.named_parameters())
-    held = {n for n, _ in stage.named_parameters()}
-    covered = bool(np.all(common.mpi_reduce(comm, [float(n in held) for n in names])))
-    tol = harness.TOLERANCE[cfg.dtype]
+    held = {n for n, _ in run.stage.named_parameters()}
+    run.covered = bool(np.all(common.mpi_reduce(comm, [float(n in held) for n in names])))
+    run.tol = harness.TOLERANCE[cfg.dtype]
 
-    common.report_comparison(comm, f"tp={tp} x pp={pp} x dp={dp}", ref_losses, losses, state, mine, tol,
-                             notes=["each rank against the reference cut to its own shard"
-                                    + (", then to its ZeRO partition" if zero else "")])
-    say(f"  every parameter of the model is held by some rank: {'yes' if covered else 'NO'}")
+    common.report_comparison(comm, f"tp={run.tp} x pp={run.pp} x dp={run.dp}", run.ref_losses, run.losses, state,
+                             mine, run.tol, notes=["each rank against the reference cut to its own shard"
+                                                   + (", then to its ZeRO partition" if run.zero else "")])
+    say(f"  every parameter of the model is held by some rank: {'yes' if run.covered else 'NO'}")
 
-    # --- bytes per rank per step, by group: measured (last step) beside the formulas
-    want = expected_traffic(slot, per_dp, cfg.block_size, clip=bool(args.grad_clip))
+
+# -------------------------------------------------------------------------------- 4. bytes by group
+
+def bytes_section(run):
+    """Bytes per rank per step, by group: measured (last step) beside the formulas."""
+    args, cfg, comm, grid, slot, world = run.args, run.cfg, run.comm, run.grid, run.slot, run.world
+    tp, pp, dp, m = run.tp, run.pp, run.dp, run.m
+    want = expected_traffic(slot, run.per_dp, cfg.block_size, clip=bool(args.grad_clip))
     flat = lambda d: [d[g].get(c, 0) for g in GROUPS for c in ("all_reduce", "send", "broadcast",   # noqa: E731
                                                               "reduce_scatter", "all_gather")]
     got_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(slot.traffic)])
     want_all = common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in flat(want)])
     got_all, want_all = np.reshape(got_all, (world, len(GROUPS), 5)), np.reshape(want_all, (world, len(GROUPS), 5))
+    run.got_all, run.want_all = got_all, want_all
     say("\nbytes each rank sent in one step, by group: measured / formula (plan.traffic.parallel_3d_sent:\n"
         "TP's count of the stage's layers; b*s*h per micro-batch per boundary and the ring's count of wte's\n"
         "sum; the per-parameter all-reduce (lesson 02) or ZeRO's reduce-scatter + all-gather (lesson 05))")
     cell = lambda a, b: "-" if a == b == 0 else f"{int(a):,}" + (" =" if a == b else f" != {int(b):,}")   # noqa: E731
     harness.table([[r] + [cell(got_all[r, i].sum(), want_all[r, i].sum()) for i in range(len(GROUPS))]
                    for r in range(world)],
-                  header=["rank", "tp all-reduces", "pp sends + wte + loss", "dp " + ("rs + ag" if zero else "all-reduce"),
-                          "clip norm"])
-    bytes_ok = bool(np.array_equal(got_all, want_all))
-    bsh = per_dp // m * cfg.block_size * cfg.n_embd
+                  header=["rank", "tp all-reduces", "pp sends + wte + loss",
+                          "dp " + ("rs + ag" if run.zero else "all-reduce"), "clip norm"])
+    run.bytes_ok = bool(np.array_equal(got_all, want_all))
+    bsh = run.per_dp // m * cfg.block_size * cfg.n_embd
     per_layer = 6 if args.recompute in ("full", "every-k") else 4       # the rerun repeats the 2 forward g's
     if tp > 1:
         say(f"  TP sends ({per_layer} L_r + ends) m all-reduces of b*s*h = {bsh:,} values"
@@ -174,14 +206,20 @@ def main(args):
     if others:
         say("  " + ";\n  ".join(others))
 
-    # --- memory per rank by category (measured from the arrays after the last step)
+
+# ------------------------------------------------------------------------------- 5. memory per rank
+
+def memory_section(run):
+    """Memory per rank by category, measured from the arrays after the last step, beside the
+    formula."""
+    cfg, comm, grid, slot, stage, zero, world = run.cfg, run.comm, run.grid, run.slot, run.stage, run.zero, run.world
     mem_rows = [sum(p.data.nbytes for p in stage.parameters()),
                 zero.held_grad_bytes if zero else sum(p.grad.nbytes for p in stage.parameters() if p.grad is not None),
-                slot.state_bytes(), act_peak]
+                slot.state_bytes(), run.act_peak]
     formula = expected_memory(slot)
-    mem_rows += [formula["params"], formula["grads"], formula["optimizer"], stage_param_count(stage, tp_model)]
-    mem = np.reshape(common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world) for x in mem_rows]),
-                     (world, 8))
+    mem_rows += [formula["params"], formula["grads"], formula["optimizer"], stage_param_count(stage, run.tp_model)]
+    run.mem = mem = np.reshape(common.mpi_reduce(comm, [x if r == grid.rank else 0 for r in range(world)
+                                                        for x in mem_rows]), (world, 8))
     item = np.dtype(cfg.dtype).itemsize
     # the slack ZeRO-1's uneven cut allows: my partition is array_split's, Psi_r/N_d the paper's
     # even share, less than one element apart (in grads once, in AdamW's m and v twice)
@@ -199,29 +237,41 @@ def main(args):
     harness.table([[r, f"{int(mem[r, 7]):,}"] + [beside(mem[r, i], mem[r, 4 + i], i) for i in range(3)]
                    + [fmt_bytes(int(mem[r, 3]))] for r in range(world)],
                   header=["rank", "Psi_r", "params", "grads", "optimizer", "activations peak"])
-    memory_ok = bool(np.all((mem[:, :3] == mem[:, 4:7]) | (np.abs(mem[:, :3] - mem[:, 4:7]) < slack)))
+    run.memory_ok = bool(np.all((mem[:, :3] == mem[:, 4:7]) | (np.abs(mem[:, :3] - mem[:, 4:7]) < slack)))
     say("  '=' equal to the formula; '~' under ZeRO-1, within the one element array_split's partitions\n"
         "  differ from Psi_r/dp" if zero else "  '=' equal to the formula")
 
-    # --- the bubble of the schedule across the pp stages
-    sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
-    bubble_formula = bubble_fraction(args.schedule, pp, m, v)
-    say(f"\nthe bubble: simulated {float(sim.bubble):.4f}, formula {float(bubble_formula):.4f} "
+
+# ------------------------------------------------------------------------------------ 6. the bubble
+
+def bubble_section(run):
+    """The bubble of the schedule across the pp stages: simulated beside the formula."""
+    args, pp, m, v = run.args, run.pp, run.m, run.v
+    run.sim = schedules.simulate(schedules.build(args.schedule, pp, m, v), pp, m, v)
+    run.bubble_formula = bubble_fraction(args.schedule, pp, m, v)
+    say(f"\nthe bubble: simulated {float(run.sim.bubble):.4f}, formula {float(run.bubble_formula):.4f} "
         f"({args.schedule}, p={pp}, m={m}" + (f", v={v}" if v > 1 else "") + ")")
 
-    step_time = common.mpi_reduce(comm, float(np.median(times)))
+
+# ------------------------------------------------------------------------------------ 7. the report
+
+def report_section(run):
+    """The step time, the figures and the verdict."""
+    args, got_all, want_all, mem = run.args, run.got_all, run.want_all, run.mem
+    step_time = common.mpi_reduce(run.comm, float(np.median(run.times)))
     say(f"training step: median {step_time * 1e3:.1f} ms (slowest rank)")
-    match = bool(rel <= tol) and covered and bytes_ok and memory_ok
-    figures = {"bubble_simulated": float(sim.bubble), "bubble_formula": float(bubble_formula)}
+    match = bool(run.rel <= run.tol) and run.covered and run.bytes_ok and run.memory_ok
+    figures = {"bubble_simulated": float(run.sim.bubble), "bubble_formula": float(run.bubble_formula)}
     for i, g in enumerate(GROUPS):
         figures[f"bytes_{g}_measured_max"] = int(got_all[:, i].sum(axis=1).max())
         figures[f"bytes_{g}_formula_max"] = int(want_all[:, i].sum(axis=1).max())
     report = harness.new_report(
-        "07_3d_parallel", args, parallel={"tp": tp, "pp": pp, "dp": dp, "zero": args.zero, "schedule": args.schedule,
-                                          "micro_batches": m, "chunks": v, "recompute": args.recompute,
-                                          "k": stage.recompute.k if args.recompute == "every-k" else None},
-        match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
-        losses={"reference": ref_losses, "parallel": losses},
+        "07_3d_parallel", args, parallel={"tp": run.tp, "pp": run.pp, "dp": run.dp, "zero": args.zero,
+                                          "schedule": args.schedule, "micro_batches": run.m, "chunks": run.v,
+                                          "recompute": args.recompute,
+                                          "k": run.stage.recompute.k if args.recompute == "every-k" else None},
+        match=match, max_rel_diff=run.rel, max_abs_diff=run.abs_diff, tolerance=run.tol,
+        losses={"reference": run.ref_losses, "parallel": run.losses},
         comm={"bytes_sent": {g: figures[f"bytes_{g}_measured_max"] for g in GROUPS},
               "expected_bytes": {g: figures[f"bytes_{g}_formula_max"] for g in GROUPS}},
         memory=dict(zip(("params", "grads", "optimizer", "activations_peak", "params_formula", "grads_formula",
@@ -230,7 +280,18 @@ def main(args):
     say("\nthe verdict needs: losses, raw gradients and weights within the tolerance; every parameter on\n"
         "some rank; the bytes of every group equal to the formula; params, grads and optimizer state equal\n"
         "to the formula")
-    return harness.finish(report, args)
+    return report
+
+
+def main(args):
+    run = setup(args)
+    roles_section(run)
+    parallel_run(run)
+    compare_section(run)
+    bytes_section(run)
+    memory_section(run)
+    bubble_section(run)
+    return harness.finish(report_section(run), args)
 
 
 def build_parser():

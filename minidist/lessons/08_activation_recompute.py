@@ -28,6 +28,7 @@ its blocks (one micro-batch) is printed beside the count for its L_r blocks.
 import argparse
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -153,7 +154,11 @@ def run_policy(policy, cfg, args, data, tc, comm, grid=None):
     return losses, state, float(np.median(times)), peak, sent, want, model, opt
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The input checked, the grid built (with --pp), the run described: the lesson's state,
+    which the sections below read and add to."""
     comm = harness.comm_world()
     world = comm.Get_size()
     cfg = common.config_from_args(args, world)
@@ -174,14 +179,25 @@ def main(args):
         f" blocks" + ((", round(sqrt(L))" if pp == 1 else " of each stage's L_r") if not args.k else "") + ")\n")
     tc = TrainConfig(batch_size=b, max_iters=args.steps, learning_rate=args.lr, min_lr=args.lr / 10,
                      warmup_iters=1, grad_clip=args.grad_clip, seed=args.seed)
+    return SimpleNamespace(args=args, comm=comm, world=world, cfg=cfg, tp=tp, pp=pp, data=data, grid=grid,
+                           tp_comm=tp_comm, L=L, b=b, s=s, h=h, a=a, k=k, policies=policies, tc=tc,
+                           item=np.dtype(cfg.dtype).itemsize, ok=True, figures={})
 
-    runs, ok = {}, True
-    for policy in policies:
-        losses, state, t, peak, sent, bytes_want, model, opt = run_policy(policy, cfg, args, data, tc, comm, grid)
+
+# -------------------------------------------------------------------------- 2. every policy trained
+
+def policy_runs(run):
+    """Train under each policy; each one's blocks' peak measured beside the engine's count, its
+    losses, raw gradients and weights against none's."""
+    args, cfg, comm, world, pp, b = run.args, run.cfg, run.comm, run.world, run.pp, run.b
+    runs = run.runs = {}
+    for policy in run.policies:
+        losses, state, t, peak, sent, bytes_want, model, opt = run_policy(policy, cfg, args, run.data, run.tc,
+                                                                          comm, run.grid)
         # a pipeline stage: its L_r blocks, one micro-batch of b/m rows, its own every-k k
-        L_r, b_r = (len(model.blocks()), b // args.micro_batches) if pp > 1 else (L, b)
+        L_r, b_r = (len(model.blocks()), b // args.micro_batches) if pp > 1 else (run.L, b)
         body = blocks_peak(model, b_r, args.seed)
-        want = count(cfg, policy, b_r, tp, model.recompute.k if pp > 1 else k, n_layer=L_r)
+        want = count(cfg, policy, b_r, run.tp, model.recompute.k if pp > 1 else run.k, n_layer=L_r)
         if pp > 1:                                 # every rank's measured and counted peak, for the table
             per_rank = common.mpi_reduce(comm, [x if r == comm.Get_rank() else 0 for r in range(world)
                                                 for x in (body, want, L_r)], "sum").reshape(world, 3)
@@ -192,19 +208,26 @@ def main(args):
                             sent_want=int(common.mpi_reduce(comm, bytes_want)), model=model, opt=opt,
                             per_rank=per_rank if pp > 1 else None, L_r=L_r, b_r=b_r,
                             bytes_equal=bool(common.mpi_reduce(comm, float(sent != bytes_want)) == 0))
-    ref = runs["none"]
+    run.ref = ref = runs["none"]
     for policy, r in runs.items():
         rel, absd, worst = harness.compare(r["state"], ref["state"])
         r["rel"], r["abs"] = common.mpi_reduce(comm, [rel, absd])
         r["worst"] = worst
         r["bytes_ok"] = r["bytes_equal"]                # on every rank: its measured bytes = its formula
-        ok &= r["rel"] <= TOLERANCE and r["equal"] and r["bytes_ok"]
+        run.ok &= r["rel"] <= TOLERANCE and r["equal"] and r["bytes_ok"]
 
-    item = np.dtype(cfg.dtype).itemsize
+
+# ------------------------------------------------------------------- 3. memory and time, per policy
+
+def memory_time_section(run):
+    """The blocks' peak per policy beside the engine's count and the paper's per-layer figure,
+    then the blocks' time and the step's beside the expected ratio."""
+    args, cfg, runs, ref = run.args, run.cfg, run.runs, run.ref
+    s, h, a, tp, pp = run.s, run.h, run.a, run.tp, run.pp
     L0, b0 = ref["L_r"], ref["b_r"]                    # rank 0's: with --pp, the first stage's blocks, a micro-batch
     say(f"activation memory per rank: the meter's peak over the {L0} blocks' forward and backward\n(b={b0} s={s} h={h} "
         f"a={a}" + (f" t={tp}" if tp > 1 else "") + ")" + (" on rank 0, the first stage; every rank below" if pp > 1 else ""))
-    blocks_t = blocks_times(runs, b0, args.seed, args.timing_reps, comm)
+    blocks_t = blocks_times(runs, b0, args.seed, args.timing_reps, run.comm)
     rows = []
     paper_name = {"none": "none", "selective": "selective", "full": "full"}
     for policy, r in runs.items():
@@ -221,8 +244,8 @@ def main(args):
         f"\nthe whole training step's median beside it")
     harness.table([r[:1] + r[7:] for r in rows], header=["policy", "expected / none", "measured / none",
                                                          "blocks ms", "step ms", "max_rel_diff"])
-    x = b0 * s * h * item
-    A = count(cfg, "none", b0, tp, k, n_layer=1)
+    x = b0 * s * h * run.item
+    A = count(cfg, "none", b0, tp, run.k, n_layer=1)
     say(f"  one block's input x = b*s*h = {fmt_bytes(x)}, one block's saves A = {fmt_bytes(A)} (this engine, {cfg.dtype})")
     say("  full: L x + A (the inputs kept, one block rebuilt at a time); every-k: max over segments j of\n"
         "  (j+1) x + k A; selective: q, k, v kept in place of the b*a*s*s probabilities and mask;\n  the paper's "
@@ -232,13 +255,19 @@ def main(args):
         "  backward of two: ~4/3); selective reruns only the attention core. Ranks that share cores\n"
         "  (more ranks than cores, or a busy machine) make one run's ratios differ from the next by 10% or\n"
         "  more: read the expected column first, the measured one as this machine's sample of it")
+
+
+def ranks_bytes_section(run):
+    """With --pp, every rank's stage peak beside its count; with --tp, the all-reduce bytes
+    each rank sent beside expected_bytes (the rerun repeats the forward's collectives)."""
+    runs, ref, tp, pp = run.runs, run.ref, run.tp, run.pp
     if pp > 1:
-        say(f"\nevery rank's peak over its stage's blocks, one micro-batch of b={b0} (measured = count for its L_r; "
-            f"every-k's k = round(sqrt(L_r)) unless --k)")
-        harness.table([[rank, *grid.coords(rank)[1:], int(ref["per_rank"][rank, 2])]
+        say(f"\nevery rank's peak over its stage's blocks, one micro-batch of b={ref['b_r']} (measured = count for its "
+            f"L_r; every-k's k = round(sqrt(L_r)) unless --k)")
+        harness.table([[rank, *run.grid.coords(rank)[1:], int(ref["per_rank"][rank, 2])]
                        + [fmt_bytes(r["per_rank"][rank, 0]) + (" =" if r["per_rank"][rank, 0] == r["per_rank"][rank, 1]
                                                               else " != " + fmt_bytes(r["per_rank"][rank, 1]))
-                          for r in runs.values()] for rank in range(world)],
+                          for r in runs.values()] for rank in range(run.world)],
                       header=["rank", "pp", "tp", "L_r"] + list(runs))
     if tp > 1:
         say("\nbytes each rank sends per step (all-reduces): the rerun repeats each layer's 2 forward g's"
@@ -246,32 +275,44 @@ def main(args):
         harness.table([[p, f"{r['sent']:,}", f"{r['sent_want']:,}", "equal" if r["bytes_ok"] else "DIFFERENT"]
                        for p, r in runs.items()], header=["policy", "measured", "expected_bytes", ""])
 
-    # --- the sweep: L blocks without recomputation and with a checkpoint every sqrt(L)
+
+# ------------------------------------------------------------------------------ 4. the sweep over L
+
+def sweep_section(run):
+    """L blocks without recomputation and with a checkpoint every sqrt(L): memory grows as L
+    and as sqrt(L)."""
+    args, cfg, comm, b, tp, pp = run.args, run.cfg, run.comm, run.b, run.tp, run.pp
     say(f"\nsweep over n_layer: the blocks' peak without recomputation and with every-sqrt(L) checkpoints\n(b={b}"
         + (f", t={tp}" if tp > 1 else "") + ((", no pipeline: all L blocks on " + ("one tp group" if tp > 1 else "one rank")) if pp > 1 else "") + ")")
-    sweep_rows, figures = [], {}
+    sweep_rows = []
     for n in args.sweep:
         c = type(cfg)(**{**cfg.__dict__, "n_layer": n})
         kn = recompute.default_k(n)
-        none = blocks_peak(build(c, args.seed, tp_comm, "none", None), b, args.seed)
-        every = blocks_peak(build(c, args.seed, tp_comm, "every-k", kn), b, args.seed)
+        none = blocks_peak(build(c, args.seed, run.tp_comm, "none", None), b, args.seed)
+        every = blocks_peak(build(c, args.seed, run.tp_comm, "every-k", kn), b, args.seed)
         same = none == count(c, "none", b, tp, kn) and every == count(c, "every-k", b, tp, kn)
-        ok &= bool(common.mpi_reduce(comm, float(not same)) == 0)
+        run.ok &= bool(common.mpi_reduce(comm, float(not same)) == 0)
         sweep_rows.append([n, kn, fmt_bytes(none), fmt_bytes(none / n), fmt_bytes(every),
                            fmt_bytes(every / math.sqrt(n)), "equal" if same else "DIFFERENT"])
-        figures.update({f"sweep_L{n}_none_bytes": none, f"sweep_L{n}_every_sqrt_L_bytes": every})
+        run.figures.update({f"sweep_L{n}_none_bytes": none, f"sweep_L{n}_every_sqrt_L_bytes": every})
     harness.table(sweep_rows, header=["L", "k", "none", "none / L", "every-k", "every-k / sqrt(L)", "vs count"])
     say("  none / L stays constant (memory grows as L); every-k / sqrt(L) stays about constant\n"
         "  (grows as sqrt(L))")
 
-    # --- which k keeps the least: every-k's (L/k) x + k A is least at k = sqrt(L x / A), not sqrt(L)
+
+# ----------------------------------------------------------------------- 5. which k keeps the least
+
+def best_k_section(run):
+    """Every k at this L measured: every-k's (L/k) x + k A is least at k = sqrt(L x / A), not
+    sqrt(L)."""
+    args, cfg, comm, L, b, tp, pp = run.args, run.cfg, run.comm, run.L, run.b, run.tp, run.pp
     scan = []
     for kk in range(1, L + 1):
-        got = blocks_peak(build(cfg, args.seed, tp_comm, "every-k", kk), b, args.seed)
-        ok &= bool(common.mpi_reduce(comm, float(got != count(cfg, "every-k", b, tp, kk))) == 0)
+        got = blocks_peak(build(cfg, args.seed, run.tp_comm, "every-k", kk), b, args.seed)
+        run.ok &= bool(common.mpi_reduce(comm, float(got != count(cfg, "every-k", b, tp, kk))) == 0)
         scan.append(got)
     best = 1 + int(np.argmin(scan))
-    xb, Ab = b * s * h * item, count(cfg, "none", b, tp, None, n_layer=1)
+    xb, Ab = b * run.s * run.h * run.item, count(cfg, "none", b, tp, None, n_layer=1)
     k_formula = best_every_k(L, xb, Ab)
     say(f"\nevery-k at L={L} (b={b}" + (f", t={tp}" if tp > 1 else "") + (", no pipeline" if pp > 1 else "")
         + "): the blocks' peak, measured (= count), for each k")
@@ -283,10 +324,16 @@ def main(args):
         f"{math.sqrt(L):.2f}, which assumes\n  a checkpoint costs about a block's saves (x ~ A)."
         + (" Here x << A: full (k = 1) keeps the least,\n  and every-k, at full's compute (every block rerun once), "
            "lies between full and none in memory" if xb * L < 2.25 * Ab else ""))
-    figures.update({f"every_k_L{L}_k{kk}_bytes": v for kk, v in enumerate(scan, 1)})
-    figures["every_k_best_k_measured"] = best
-    figures["every_k_best_k_formula"] = k_formula
+    run.figures.update({f"every_k_L{L}_k{kk}_bytes": v for kk, v in enumerate(scan, 1)})
+    run.figures["every_k_best_k_measured"] = best
+    run.figures["every_k_best_k_formula"] = k_formula
 
+
+# ------------------------------------------------------------------------------------ 6. the report
+
+def report_section(run):
+    """The figures, the last policy's memory and the verdict."""
+    args, comm, runs, ref, figures, tp, pp = run.args, run.comm, run.runs, run.ref, run.figures, run.tp, run.pp
     for policy, r in runs.items():
         key = policy.replace("-", "_")
         figures.update({f"{key}_blocks_peak_bytes_measured": r["body"], f"{key}_blocks_peak_bytes_count": r["count"],
@@ -297,7 +344,7 @@ def main(args):
         if pp > 1:                                 # every rank's stage: measured and counted
             figures.update({f"{key}_rank_blocks_peak_bytes_measured": [int(v) for v in r["per_rank"][:, 0]],
                             f"{key}_rank_blocks_peak_bytes_count": [int(v) for v in r["per_rank"][:, 1]]})
-    shown = policies[-1]
+    shown = run.policies[-1]
     r = runs[shown]
     rel = max(x["rel"] for x in runs.values())
     absd = max(x["abs"] for x in runs.values())
@@ -306,14 +353,24 @@ def main(args):
                                                     if p.grad is not None))),
            "optimizer": int(common.mpi_reduce(comm, r["opt"].state_bytes())), "activations_peak": r["step_peak"]}
     report = harness.new_report(
-        "08_activation_recompute", args, parallel={"tp": tp, "dp": 1, "pp": pp, "recompute": shown, "k": k},
-        match=bool(ok), max_rel_diff=rel, max_abs_diff=absd, tolerance=TOLERANCE,
+        "08_activation_recompute", args, parallel={"tp": tp, "dp": 1, "pp": pp, "recompute": shown, "k": run.k},
+        match=bool(run.ok), max_rel_diff=rel, max_abs_diff=absd, tolerance=TOLERANCE,
         losses={"reference": ref["losses"], "parallel": r["losses"]},
         comm={"bytes_sent": {"all_reduce": r["sent"]}, "expected_bytes": {"all_reduce": r["sent_want"]}} if tp > 1
         else None, memory=mem, step_time_s=r["time"], figures=figures)
     say("\nthe verdict needs: every policy's losses, raw gradients and weights equal to none's (1e-12), every\n"
         "measured peak equal to this engine's count" + (", bytes equal to expected_bytes" if tp > 1 else ""))
-    return harness.finish(report, args)
+    return report
+
+
+def main(args):
+    run = setup(args)
+    policy_runs(run)
+    memory_time_section(run)
+    ranks_bytes_section(run)
+    sweep_section(run)
+    best_k_section(run)
+    return harness.finish(report_section(run), args)
 
 
 def layer_list(text):

@@ -25,6 +25,7 @@ and FLOPs per token (6N + 12LHQT, N the active parameters) beside dense models.
 import argparse
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -173,7 +174,11 @@ def load_table(steps, ref_loads, par_loads, layers, E, tokens, top_k):
     harness.table(rows, header=header)
 
 
-def main(args):
+# ------------------------------------------------------------------------------------- 1. the setup
+
+def setup(args):
+    """The input checked, the MoE model's configuration built, the run described: the lesson's
+    state, which the sections below read and add to."""
     comm = harness.comm_world()
     rank, world = comm.Get_rank(), comm.Get_size()
     args.grad_accum = 1
@@ -219,30 +224,47 @@ def main(args):
         f"{group} tokens one routing group")
     say(f"steps   {args.steps} AdamW steps, " + (f"gradient clipping at norm {args.grad_clip}" if args.grad_clip
                                                   else "no gradient clipping"))
+    return SimpleNamespace(args=args, comm=comm, rank=rank, world=world, cfg=cfg, ep=ep, E=E, rows=rows,
+                           data=data, item=item, group=group, tokens=tokens, cap=cap, moe_blocks=moe_blocks)
 
-    # --- the expert-parallel run: the same full model on every rank, then each keeps its experts
-    model, tc = make_run(args, cfg)
-    ep_comm = comm.Split(color=rank // ep, key=rank)          # ranks [g ep, (g+1) ep): one group of experts
-    dp = expert_parallel(model, ep_comm, comm, pad_to_capacity=args.pad_to_capacity)
+
+# ----------------------------------------------------------------------- 2. the expert-parallel run
+
+def expert_parallel_run(run):
+    """The same full model on every rank, then each keeps its experts; trained, its loads and
+    all-to-all bytes logged step by step."""
+    args, comm, rank, world = run.args, run.comm, run.rank, run.world
+    run.model, run.tc = model, tc = make_run(args, run.cfg)
+    run.ep_comm = comm.Split(color=rank // run.ep, key=rank)   # ranks [g ep, (g+1) ep): one group of experts
+    run.dp = expert_parallel(model, run.ep_comm, comm, pad_to_capacity=args.pad_to_capacity)
     opt = optimizer(model, tc)
     log = record(model)
-    losses, state, times = common.train_and_collect(model, opt, data, args, tc, rows, 1, dp)
-    a2a_steps = step_bytes(log)
-    losses = list(common.mpi_reduce(comm, losses, "sum") / world)
+    losses, run.state, run.times = common.train_and_collect(model, opt, run.data, args, tc, run.rows, 1, run.dp)
+    run.a2a_steps = step_bytes(log)
+    run.losses = list(common.mpi_reduce(comm, losses, "sum") / world)
     # the loads of every rank's group, for the table and the formula (the report's own message)
-    every = comm.allgather([loads for _, loads in log])         # [rank][step] {layer: (tokens, dropped)}
-    par_loads = [{i: (sum(every[r][s][i][0] for r in range(world)), sum(every[r][s][i][1] for r in range(world)))
-                  for i in moe_blocks} for s in range(args.steps)]
+    run.every = every = comm.allgather([loads for _, loads in log])   # [rank][step] {layer: (tokens, dropped)}
+    run.par_loads = [{i: (sum(every[r][s][i][0] for r in range(world)),
+                          sum(every[r][s][i][1] for r in range(world)))
+                      for i in run.moe_blocks} for s in range(args.steps)]
 
-    # --- the reference: one process, the whole global batch in `world` routing groups
-    ref_model, _ = make_run(args, cfg)
-    ref_opt = optimizer(ref_model, tc)
-    ref_log = record(ref_model)
-    ref_losses, ref_full, _ = common.train_and_collect(ref_model, ref_opt, data, args, tc)
-    ref_loads = [loads for _, loads in ref_log]
 
-    # each rank's pieces against the same pieces of the reference: its experts [lo, hi)
-    slices = {f"transformer.h.{i}.mlp.{n}": slice(m.lo, m.hi) for i, m in dp.layers
+# ------------------------------------------------------------------------- 3. one process, compared
+
+def reference_run(run):
+    """The reference: one process, the whole global batch in `world` routing groups."""
+    run.ref_model, _ = make_run(run.args, run.cfg)
+    ref_opt = optimizer(run.ref_model, run.tc)
+    ref_log = record(run.ref_model)
+    run.ref_losses, run.ref_full, _ = common.train_and_collect(run.ref_model, ref_opt, run.data, run.args, run.tc)
+    run.ref_loads = [loads for _, loads in ref_log]
+
+
+def compare_section(run):
+    """Each rank's pieces against the same pieces of the reference (its experts [lo, hi)), the
+    losses, and the load tables step by step."""
+    args, comm, state, ref_full, cfg = run.args, run.comm, run.state, run.ref_full, run.cfg
+    slices = {f"transformer.h.{i}.mlp.{n}": slice(m.lo, m.hi) for i, m in run.dp.layers
               for n in ("c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias")}
 
     def piece(key):
@@ -250,25 +272,41 @@ def main(args):
         return ref_full[key][slices[name]] if name in slices else ref_full[key]
 
     ref_state = {k: piece(k) for k in state}
-    state["loss"], ref_state["loss"] = np.array(losses), np.array(ref_losses)
+    state["loss"], ref_state["loss"] = np.array(run.losses), np.array(run.ref_losses)
     rel, abs_diff, _ = harness.compare(state, ref_state)
-    rel, abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
-    tol = harness.TOLERANCE[cfg.dtype]
-    loads_same = all(np.array_equal(par_loads[s][i][0], ref_loads[s][i][0]) and par_loads[s][i][1] == ref_loads[s][i][1]
-                     for s in range(args.steps) for i in moe_blocks)
-    common.report_comparison(comm, harness.ranks(world), ref_losses, losses, state, ref_state, tol, notes=(
-        "expert weights and gradients: each rank's experts [lo, hi) against the same slice of the\n"
-        "    reference's stacked (E, ...) tensors; the loss is cross-entropy + balance + z losses",))
-    say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if rel <= tol else 'OUTSIDE'}")
+    run.rel, run.abs_diff = common.mpi_reduce(comm, [rel, abs_diff])
+    run.tol = tol = harness.TOLERANCE[cfg.dtype]
+    par_loads, ref_loads = run.par_loads, run.ref_loads
+    run.loads_same = all(np.array_equal(par_loads[s][i][0], ref_loads[s][i][0])
+                         and par_loads[s][i][1] == ref_loads[s][i][1]
+                         for s in range(args.steps) for i in run.moe_blocks)
+    common.report_comparison(comm, harness.ranks(run.world), run.ref_losses, run.losses, state, ref_state, tol,
+                             notes=("expert weights and gradients: each rank's experts [lo, hi) against the same "
+                                    "slice of the\n    reference's stacked (E, ...) tensors; the loss is "
+                                    "cross-entropy + balance + z losses",))
+    say(f"  tolerance {tol:.0e} ({cfg.dtype}) per tensor: {'all within' if run.rel <= tol else 'OUTSIDE'}")
 
-    load_table(args.steps, ref_loads, par_loads, moe_blocks, E, tokens, cfg.top_k)
-    dropped = [[int(par_loads[s][i][1]) for i in moe_blocks] for s in range(args.steps)]
+
+# ------------------------------------------------------------------------------- 4. the expert load
+
+def load_section(run):
+    """The load table beside the reference's, and the dropped choices."""
+    args, cap = run.args, run.cap
+    load_table(args.steps, run.ref_loads, run.par_loads, run.moe_blocks, run.E, run.tokens, run.cfg.top_k)
+    run.dropped = [[int(run.par_loads[s][i][1]) for i in run.moe_blocks] for s in range(args.steps)]
     say("  dropped choices pass the MoE block through the residual only"
         + (" (none: dropless)" if cap is None else f" (capacity {cap} per expert and group)"))
 
-    # --- all-to-all bytes: measured per step beside the formula from the routing
+
+# ------------------------------------------------------------------------------ 5. all-to-all bytes
+
+def a2a_section(run):
+    """The all-to-all bytes each rank sent per step, measured beside the formula from the
+    routing (with --pad-to-capacity, beside the padded formula)."""
+    args, comm, cfg, ep, E, item, cap = run.args, run.comm, run.cfg, run.ep, run.E, run.item, run.cap
+    rank, world, every, moe_blocks = run.rank, run.world, run.every, run.moe_blocks
     owner = [e // (E // ep) for e in range(E)]
-    me, group_ranks = ep_comm.Get_rank(), [(rank // ep) * ep + r for r in range(ep)]
+    me, group_ranks = run.ep_comm.Get_rank(), [(rank // ep) * ep + r for r in range(ep)]
     row_bytes = cfg.n_embd * item
     formula, outs, ins = [], [], []
     for s in range(args.steps):
@@ -278,11 +316,11 @@ def main(args):
             f, o, n_in = a2a_formula(loads, owner, me, range(ep), row_bytes)
             f_s, o_s, i_s = f_s + f, o_s + o, i_s + n_in
         formula.append(f_s), outs.append(o_s), ins.append(i_s)
-    all_meas = comm.allgather(a2a_steps)
+    run.all_meas = all_meas = comm.allgather(run.a2a_steps)
     all_form = comm.allgather(formula)
     all_rows = comm.allgather((outs, ins))
-    nb = len(moe_blocks)
-    padded = 4 * nb * moe_padded_sent(E, cap, cfg.n_embd, ep, item) if args.pad_to_capacity else None
+    run.nb = nb = len(moe_blocks)
+    run.padded = padded = 4 * nb * moe_padded_sent(E, cap, cfg.n_embd, ep, item) if args.pad_to_capacity else None
     say(f"\nall-to-all bytes per step, per rank ({nb} MoE block{'s' * (nb > 1)} x 4 "
         f"all-to-alls: dispatch and combine,\nforward and backward). Variable size: "
         f"2 x (rows out + rows in) x C x {item} B, rows out = my tokens'\n"
@@ -300,27 +338,35 @@ def main(args):
             table.append([s, r, o, n_in, *var, f"{m:,}", f"{f:,}", "equal" if m == f else "DIFFERS"])
     harness.table(table, header=["step", "rank", "rows out", "rows in", *(["variable B"] if padded else []),
                                  "measured B", "padded B" if padded else "formula B", "check"])
-    variable_total = max(sum(f) for f in all_form)
+    run.variable_total = variable_total = max(sum(f) for f in all_form)
     if padded is not None:
         all_form = [[padded] * args.steps for _ in range(world)]
-    a2a_equal = all(all_meas[r][s] == all_form[r][s] for r in range(world) for s in range(args.steps))
-    meas_total = max(sum(m) for m in all_meas)
-    form_total = max(sum(f) for f in all_form)
+    run.all_form = all_form
+    run.a2a_equal = a2a_equal = all(all_meas[r][s] == all_form[r][s] for r in range(world) for s in range(args.steps))
+    run.meas_total = meas_total = max(sum(m) for m in all_meas)
+    run.form_total = form_total = max(sum(f) for f in all_form)
     say(f"  over the run, the busiest rank: measured {meas_total:,} B, formula {form_total:,} B"
         + ("  equal" if meas_total == form_total and a2a_equal else "  DIFFERS"))
     if padded is not None and variable_total:
         say(f"  the variable-size dispatch would have sent {variable_total:,} B: padding costs "
             f"{meas_total / variable_total:.2f}x")
-    say(f"  uniform routing would send about 4 k (N-1)/N x {group} tokens x C x {item} B per MoE block,\n"
+    say(f"  uniform routing would send about 4 k (N-1)/N x {run.group} tokens x C x {item} B per MoE block,\n"
         f"  x {nb} MoE block{'s' * (nb > 1)} = "
-        f"{fmt_bytes(moe_bytes(group, cfg.top_k, cfg.n_embd, ep, item) * nb)} per rank and step")
+        f"{fmt_bytes(moe_bytes(run.group, cfg.top_k, cfg.n_embd, ep, item) * nb)} per rank and step")
 
-    # --- parameters and FLOPs per token
-    total, active, router, one = parameter_counts(ref_model, cfg)
+
+# -------------------------------------------------------------------------- 6. parameters and FLOPs
+
+def params_flops_section(run):
+    """Parameters in total, active per token and held per rank; FLOPs per token beside dense
+    models."""
+    cfg, comm, E, ep, nb, model = run.cfg, run.comm, run.E, run.ep, run.nb, run.model
+    total, active, router, one = parameter_counts(run.ref_model, cfg)
     L, H, T = cfg.n_layer, cfg.n_head, cfg.block_size
-    fpt = lambda n: flops_per_token(L, H, cfg.n_embd // H, T, n)   # noqa: E731  6N + 12LHQT
-    dense_active = active - router
-    held = sum(p.size for p in model.parameters()) - model.transformer.wpe.weight.size
+    run.fpt = fpt = lambda n: flops_per_token(L, H, cfg.n_embd // H, T, n)   # noqa: E731  6N + 12LHQT
+    run.dense_active = dense_active = active - router
+    run.held = held = sum(p.size for p in model.parameters()) - model.transformer.wpe.weight.size
+    run.total, run.active = total, active
     say("\nparameters (the position table left out, as lesson 00 counts N)")
     say(f"  total             {total:>10,}  every expert: {nb} MoE block{'s' * (nb > 1)} x {E} experts x {one:,}")
     say(f"  active per token  {active:>10,}  dense + routers ({router:,}) + {cfg.top_k} expert{'s' * (cfg.top_k > 1)}"
@@ -336,34 +382,54 @@ def main(args):
     say(f"  the MoE model holds {total / dense_active:.2f}x the parameters of the dense model with its FLOPs;\n"
         f"  its extra FLOPs are the routers' 6 x {router:,} (and, uncounted, the all-to-alls' time)")
 
-    step_time = common.mpi_reduce(comm, float(np.median(times)))
-    match = bool(rel <= tol and a2a_equal and loads_same)
-    tpe = [[[int(v) for v in par_loads[s][i][0]] for i in moe_blocks] for s in range(args.steps)]
-    figures = {"a2a_bytes_measured": meas_total, "a2a_bytes_formula": form_total,
-               "a2a_bytes_variable_formula": variable_total,
+
+# ------------------------------------------------------------------------------------ 7. the report
+
+def report_section(run):
+    """The step time, the figures and the verdict."""
+    args, comm, cfg, fpt, padded = run.args, run.comm, run.cfg, run.fpt, run.padded
+    step_time = common.mpi_reduce(comm, float(np.median(run.times)))
+    match = bool(run.rel <= run.tol and run.a2a_equal and run.loads_same)
+    tpe = [[[int(v) for v in run.par_loads[s][i][0]] for i in run.moe_blocks] for s in range(args.steps)]
+    figures = {"a2a_bytes_measured": run.meas_total, "a2a_bytes_formula": run.form_total,
+               "a2a_bytes_variable_formula": run.variable_total,
                "a2a_bytes_padded_formula": padded * args.steps if padded is not None else -1,
-               "dropped_tokens_total": sum(map(sum, dropped)), "tokens_per_step": tokens,
-               "routed_choices_per_step_and_layer": cfg.top_k * tokens, "capacity": cap if cap is not None else -1,
-               "params_total": total, "params_active_per_token": active, "params_per_rank": int(
-                   common.mpi_reduce(comm, held)),
-               "flops_per_token_moe": fpt(active), "flops_per_token_dense_same_active": fpt(dense_active),
-               "flops_per_token_dense_same_total": fpt(total)}
+               "dropped_tokens_total": sum(map(sum, run.dropped)), "tokens_per_step": run.tokens,
+               "routed_choices_per_step_and_layer": cfg.top_k * run.tokens,
+               "capacity": run.cap if run.cap is not None else -1,
+               "params_total": run.total, "params_active_per_token": run.active,
+               "params_per_rank": int(common.mpi_reduce(comm, run.held)),
+               "flops_per_token_moe": fpt(run.active), "flops_per_token_dense_same_active": fpt(run.dense_active),
+               "flops_per_token_dense_same_total": fpt(run.total)}
     report = harness.new_report(
-        "09_moe", args, parallel={"dp": world, "ep": ep, "tp": 1, "pp": 1, "experts": E, "top_k": cfg.top_k,
-                                  "capacity_factor": cfg.capacity_factor, "moe_every": cfg.moe_every,
-                                  "drop_policy": args.drop_policy, "pad_to_capacity": args.pad_to_capacity},
-        match=match, max_rel_diff=rel, max_abs_diff=abs_diff, tolerance=tol,
-        losses={"reference": ref_losses, "parallel": losses},
-        comm={"bytes_sent": {A2A: max(m[0] for m in all_meas)}, "expected_bytes": {A2A: max(f[0] for f in all_form)}},
+        "09_moe", args, parallel={"dp": run.world, "ep": run.ep, "tp": 1, "pp": 1, "experts": run.E,
+                                  "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
+                                  "moe_every": cfg.moe_every, "drop_policy": args.drop_policy,
+                                  "pad_to_capacity": args.pad_to_capacity},
+        match=match, max_rel_diff=run.rel, max_abs_diff=run.abs_diff, tolerance=run.tol,
+        losses={"reference": run.ref_losses, "parallel": run.losses},
+        comm={"bytes_sent": {A2A: max(m[0] for m in run.all_meas)},
+              "expected_bytes": {A2A: max(f[0] for f in run.all_form)}},
         step_time_s=step_time, figures=figures)
-    report["moe_layers"] = moe_blocks
+    report["moe_layers"] = run.moe_blocks
     report["tokens_per_expert"] = tpe           # [step][MoE block][expert], summed over ranks
-    report["dropped_tokens"] = dropped          # [step][MoE block]
-    if not a2a_equal:
+    report["dropped_tokens"] = run.dropped      # [step][MoE block]
+    if not run.a2a_equal:
         say("\nthe all-to-all bytes DIFFER from the formula")
-    if not loads_same:
+    if not run.loads_same:
         say("\nthe load table DIFFERS from the reference's: the groups were not routed alike")
-    return harness.finish(report, args)
+    return report
+
+
+def main(args):
+    run = setup(args)
+    expert_parallel_run(run)
+    reference_run(run)
+    compare_section(run)
+    load_section(run)
+    a2a_section(run)
+    params_flops_section(run)
+    return harness.finish(report_section(run), args)
 
 
 def build_parser():
