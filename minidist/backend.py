@@ -1,13 +1,29 @@
-"""The array library, chosen once: NumPy by default, CuPy when MINIDIST_DEVICE=cuda.
+"""The array library, chosen once by MINIDIST_DEVICE: cpu (NumPy, the default), cuda (CuPy)
+or strict (minidist.strict: a CPU test double of a device that keeps CuPy's rules).
 
 Engine and model code write `from minidist.backend import xp` and call `xp.matmul`,
-`xp.exp`, ... so the switch to a GPU stays in this one file. Collectives move host
-(NumPy) arrays; `to_numpy` brings a device array home.
+`xp.exp`, ... so the switch to a GPU stays in this one file. Data crosses between host
+and device only through the explicit, counted doors below (minidist/transfers.py):
+
+    to_device(a)   host -> device (h2d)        to_numpy(a)   device -> host (d2h)
+    on_device(a)   is a a device array?        synchronize() wait for queued device work
+
+Why strict: this project's machines have no GPU, so a CuPy path nobody has run would
+fail in many places at once on its first GPU. SciPy and scikit-learn meet the same
+problem for the array API by testing on array-api-strict, an implementation that refuses
+what a GPU library refuses. minidist.strict does that for CuPy's rules: its arrays refuse
+to become host arrays implicitly (np.asarray, any np. function, float() of many
+elements, an MPI buffer) and refuse host arrays in device operations, with CuPy's
+TypeError wording, while counting every explicit transfer. Code that runs under strict
+has no hidden host/device mix on the lines it ran. On cpu nothing moves or is counted.
 """
 import os
 
 import numpy
 
+from minidist import transfers
+
+DEVICES = ("cpu", "cuda", "strict")
 DEVICE = os.environ.get("MINIDIST_DEVICE", "cpu").lower()
 
 if DEVICE == "cuda":
@@ -15,10 +31,12 @@ if DEVICE == "cuda":
         import cupy as xp  # noqa: F401
     except ImportError as e:  # a clear message beats an ImportError deep in a lesson
         raise SystemExit(f"MINIDIST_DEVICE=cuda needs CuPy: pip install -e '.[gpu]' ({e})")
+elif DEVICE == "strict":
+    from minidist import strict as xp
 elif DEVICE == "cpu":
     xp = numpy
 else:
-    raise SystemExit(f"MINIDIST_DEVICE must be 'cpu' or 'cuda', not {DEVICE!r}")
+    raise SystemExit(f"MINIDIST_DEVICE must be one of {', '.join(DEVICES)}, not {DEVICE!r}")
 
 DTYPES = {"float32": numpy.float32, "float64": numpy.float64}
 
@@ -32,11 +50,30 @@ def dtype_of(name):
     return numpy.dtype(name).type
 
 
+def on_device(a):
+    """True for a device array (a CuPy array, a strict DeviceArray); always False on cpu."""
+    return xp is not numpy and isinstance(a, xp.ndarray)
+
+
 def to_numpy(a):
-    """A host NumPy array for `a` (a no-op on the CPU)."""
-    if xp is numpy:
+    """A host NumPy array for `a`: a counted device -> host copy for a device array,
+    numpy.asarray for host data (a no-op on the CPU)."""
+    if not on_device(a):
         return numpy.asarray(a)
-    return xp.asnumpy(a)
+    if DEVICE == "cuda":                          # CuPy keeps no counter: count here
+        transfers.count("d2h", a.nbytes)
+    return xp.asnumpy(a)                          # strict counts its own copies
+
+
+def to_device(a, dtype=None):
+    """A device array for `a`: a counted host -> device copy for host data, `a` itself
+    for a device array (cast on the device if dtype differs); numpy.asarray on the CPU."""
+    if xp is numpy:
+        return numpy.asarray(a, dtype=dtype)
+    if DEVICE == "cuda" and not on_device(a):
+        a = numpy.asarray(a, dtype=dtype)
+        transfers.count("h2d", a.nbytes)
+    return xp.asarray(a, dtype=dtype)
 
 
 def synchronize():
