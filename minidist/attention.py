@@ -42,11 +42,19 @@ Attention dropout is drawn from each element's global (sample, head, query posit
 key position) by a counter-based hash (rng.position_keep_mask), so every tiling, every
 split of the sequence or of the heads, draws the same mask, and backward redraws it per
 tile instead of keeping it. The loop is over tiles; (B, nh) is vectorised.
+
+On a device the positions are held twice (`Positions`): on the host, for the tile
+arithmetic (which tiles run or are skipped, how many scores STATS counts: plain Python
+numbers, no device array read back per tile), and on the device, for the masks and the
+dropout hash. Given either, the other is one counted copy per call; `Positions.arange`
+makes both without any.
 """
 import math
 
-from minidist.backend import xp
-from minidist.rng import position_keep_mask
+import numpy
+
+from minidist.backend import on_device, to_device, to_numpy, xp
+from minidist.rng import position_key, position_keep_mask
 from minidist.tensor import Function
 
 # ----------------------------------------------------------------------------- work counters
@@ -102,13 +110,17 @@ class AttentionDropout:
         self.seed, self.step, self.sample_ids = rng.seed, rng.step, list(rng.sample_ids)
         self.k, rng.calls = rng.calls, rng.calls + 1
         self.p, self.head0 = float(p), int(head0)
+        self._key = None                   # rng.position_key, made (and copied over) once
 
     def keep(self, heads, q_pos, k_pos, dtype):
         """Scaled mask (B, len(heads), len(q_pos), len(k_pos)) of 0 and 1/(1-p); heads are
         this process's head indices (global head = head0 + heads)."""
-        heads = xp.asarray(heads, dtype=xp.int64) + self.head0
+        if self._key is None:
+            self._key = position_key(self.seed, self.step, self.sample_ids, self.k)
+        heads = heads if on_device(heads) else to_device(numpy.asarray(heads, dtype=numpy.int64))
+        heads = heads.astype(xp.int64) + self.head0
         return position_keep_mask(self.seed, self.step, self.sample_ids, self.k, heads,
-                                  q_pos, k_pos, self.p, dtype)
+                                  _device(q_pos), _device(k_pos), self.p, dtype, key=self._key)
 
 
 class PositionalMaskRNG:
@@ -121,39 +133,78 @@ class PositionalMaskRNG:
 
     def mask(self, shape, p, dtype):
         B, nh, Tq, Tk = shape
-        q_pos = xp.arange(Tq) if self.q_pos is None else self.q_pos
-        k_pos = xp.arange(Tk) if self.k_pos is None else self.k_pos
+        q_pos = xp.arange(Tq) if self.q_pos is None else _device(self.q_pos)
+        k_pos = xp.arange(Tk) if self.k_pos is None else _device(self.k_pos)
         return AttentionDropout(self.rng, p, self.head0).keep(xp.arange(nh), q_pos, k_pos, dtype)
 
-# ----------------------------------------------------------------------------- tiles
+# ----------------------------------------------------------------------------- positions, tiles
+
+
+class Positions:
+    """Global positions on both sides: `host` (a NumPy array: tile arithmetic, counts) and
+    `device` (an xp array: masks, the dropout hash). On the CPU they are one array."""
+    __slots__ = ("host", "device")
+
+    def __init__(self, host, device):
+        self.host, self.device = host, device
+
+    @classmethod
+    def arange(cls, lo, hi=None):
+        """Positions lo..hi-1 (0..lo-1 with one argument), made on each side: nothing copied."""
+        lo, hi = (0, lo) if hi is None else (lo, hi)
+        host = numpy.arange(lo, hi)
+        return cls(host, host if xp is numpy else xp.arange(lo, hi))
+
+    def __len__(self):
+        return len(self.host)
+
+
+def positions(pos):
+    """pos (host or device integers, or Positions) as Positions: the side it is not on is
+    one counted copy (none for Positions, or on the CPU)."""
+    if isinstance(pos, Positions):
+        return pos
+    if on_device(pos):
+        return Positions(to_numpy(pos), pos)
+    host = numpy.asarray(pos)
+    return Positions(host, to_device(host))
+
+
+def _device(pos):
+    """The device side of Positions; other positions as they are (the hash copies host ones)."""
+    return pos.device if isinstance(pos, Positions) else pos
 
 
 def _tiles(pos, block):
-    """[(lo, hi, min position, max position)] of consecutive tiles of `block` entries."""
-    return [(lo, min(lo + block, len(pos)), int(pos[lo:lo + block].min()),
-             int(pos[lo:lo + block].max())) for lo in range(0, len(pos), block)]
+    """[(lo, hi, min position, max position)] of consecutive tiles of `block` entries
+    (pos: Positions; read on the host)."""
+    h = pos.host
+    return [(lo, min(lo + block, len(h)), int(h[lo:lo + block].min()),
+             int(h[lo:lo + block].max())) for lo in range(0, len(h), block)]
 
 
 def _visible(q_tile, k_tile, q_pos, k_pos):
     """None: no key of the tile is visible to any query; True: all are (no mask needed);
-    else the (bq, bk) boolean mask k_pos <= q_pos of the tile."""
+    else (the (bq, bk) boolean mask k_pos <= q_pos of the tile on the device, how many of
+    its entries are True, counted on the host)."""
     qlo, qhi, qmin, qmax = q_tile
     klo, khi, kmin, kmax = k_tile
     if kmin > qmax:
         return None
     if kmax <= qmin:
         return True
-    return k_pos[None, klo:khi] <= q_pos[qlo:qhi, None]
+    seen = int(numpy.count_nonzero(k_pos.host[None, klo:khi] <= q_pos.host[qlo:qhi, None]))
+    return k_pos.device[None, klo:khi] <= q_pos.device[qlo:qhi, None], seen
 
 
 def _check(q, k, v, q_pos, k_pos, block):
     if q.ndim != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: expected q (B, nh, Tq, hs) and "
                          f"k, v (B, nh, Tk, hs)")
-    q_pos, k_pos = xp.asarray(q_pos), xp.asarray(k_pos)
-    if q_pos.shape != (q.shape[2],) or k_pos.shape != (k.shape[2],):
-        raise ValueError(f"q_pos {q_pos.shape} and k_pos {k_pos.shape} must name the {q.shape[2]} "
-                         f"queries and the {k.shape[2]} keys")
+    q_pos, k_pos = positions(q_pos), positions(k_pos)
+    if q_pos.host.shape != (q.shape[2],) or k_pos.host.shape != (k.shape[2],):
+        raise ValueError(f"q_pos {q_pos.host.shape} and k_pos {k_pos.host.shape} must name the "
+                         f"{q.shape[2]} queries and the {k.shape[2]} keys")
     if int(block) != block or block < 1:
         raise ValueError(f"block must be a whole number of positions, at least 1, not {block}")
     return q_pos, k_pos, int(block)
@@ -185,10 +236,9 @@ def attention_partial(q, k, v, q_pos, k_pos, block=64, dropout=None, poll=None):
             j0, j1 = kt[0], kt[1]
             s = qs[:, :, i0:i1] @ k[:, :, j0:j1].swapaxes(-1, -2)  # (B, nh, bq, bk)
             if vis is not True:
-                s[..., ~vis] = -xp.inf
+                s[..., ~vis[0]] = -xp.inf
             STATS.tiles_forward += 1
-            STATS.scores_forward += B * nh * ((i1 - i0) * (j1 - j0) if vis is True
-                                        else int(vis.sum()))
+            STATS.scores_forward += B * nh * ((i1 - i0) * (j1 - j0) if vis is True else vis[1])
             m_new = s.max(axis=-1)                                # (B, nh, bq)
             if m is not None:
                 xp.maximum(m_new, m, out=m_new)
@@ -203,7 +253,7 @@ def attention_partial(q, k, v, q_pos, k_pos, block=64, dropout=None, poll=None):
                 l += s.sum(axis=-1)
                 acc *= alpha[..., None]
             if dropout is not None:
-                s *= dropout.keep(heads, q_pos[i0:i1], k_pos[j0:j1], s.dtype)
+                s *= dropout.keep(heads, q_pos.device[i0:i1], k_pos.device[j0:j1], s.dtype)
             pv = s @ v[:, :, j0:j1]                               # (B, nh, bq, hs)
             if acc is None:
                 acc = pv
@@ -249,16 +299,15 @@ def attention_partial_backward(q, k, v, q_pos, k_pos, o, lse, do, block=64, drop
             i0, i1 = qt[0], qt[1]
             p = qs[:, :, i0:i1] @ kj.swapaxes(-1, -2)             # S (B, nh, bq, bk)
             if vis is not True:
-                p[..., ~vis] = -xp.inf
+                p[..., ~vis[0]] = -xp.inf
             STATS.tiles_backward += 1
-            STATS.scores_backward += B * nh * ((i1 - i0) * (j1 - j0) if vis is True
-                                        else int(vis.sum()))
+            STATS.scores_backward += B * nh * ((i1 - i0) * (j1 - j0) if vis is True else vis[1])
             p -= lse[:, :, i0:i1, None]
             xp.exp(p, out=p)                                      # P = exp(S - lse)
             doi = do[:, :, i0:i1]
             dp = doi @ vj.swapaxes(-1, -2)                        # dO V^T
             if dropout is not None:
-                z = dropout.keep(heads, q_pos[i0:i1], k_pos[j0:j1], p.dtype)
+                z = dropout.keep(heads, q_pos.device[i0:i1], k_pos.device[j0:j1], p.dtype)
                 dp *= z
                 z *= p                                            # P * Z
                 dv[:, :, j0:j1] += z.swapaxes(-1, -2) @ doi
@@ -300,8 +349,8 @@ class BlockwiseAttention(Function):
 
     @staticmethod
     def forward(ctx, q, k, v, dropout_p=0.0, rng=None, block=64, q_pos=None, k_pos=None, head0=0):
-        q_pos = xp.arange(q.shape[2]) if q_pos is None else xp.asarray(q_pos)
-        k_pos = xp.arange(k.shape[2]) if k_pos is None else xp.asarray(k_pos)
+        q_pos = Positions.arange(q.shape[2]) if q_pos is None else positions(q_pos)
+        k_pos = Positions.arange(k.shape[2]) if k_pos is None else positions(k_pos)
         dropout = AttentionDropout(rng, dropout_p, head0) if dropout_p > 0 else None
         o, lse = attention_partial(q, k, v, q_pos, k_pos, block, dropout)
         ctx.save_for_backward(q, k, v, o, lse)

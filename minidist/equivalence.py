@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from minidist import transfers
 from minidist.backend import to_numpy
 from minidist.train import get_lr, micro_batches, train_step
 
@@ -28,10 +29,11 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-3}
 def rel_diff(a, b):
     """(max|a-b| / max|b|, max|a-b|) for one tensor; (0, 0) when both are all zero.
 
-    A NaN or inf on either side is infinitely wrong, never quietly skipped.
+    A NaN or inf on either side is infinitely wrong, never quietly skipped. A device array
+    is brought home first (to_numpy: a counted copy); comparisons are host work.
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a = np.asarray(to_numpy(a), dtype=np.float64)
+    b = np.asarray(to_numpy(b), dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     if a.size == 0:
@@ -92,15 +94,17 @@ def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=
       for a parameter without one), see COMPARED for why;
     - "weight:<name>": the weights after the last step.
     """
-    losses, times, state = [], [], {}
+    losses, times, state, moved = [], [], {}, 0
     for step in range(args.steps):
         x, y = data.get_batch("train", args.batch_size, step)
         first = rows.start or 0
         batches = micro_batches(x[rows], y[rows], step, args.seed, micro, first_sample=first)
         raw = {}
+        before = transfers.snapshot()
         t0 = time.perf_counter()
         loss, _ = train_step(model, opt, batches, get_lr(step, tc), tc.grad_clip, dp=dp, raw_grads=raw)
         times.append(time.perf_counter() - t0)
+        moved += host_device_bytes(before)
         losses.append(loss)
         # a sharded run (ZeRO) names the pieces of the gradient it holds: "NAME[a:b]"
         held = dp.named_grads(model) if dp is not None else model.named_parameters()
@@ -109,7 +113,37 @@ def train_and_collect(model, opt, data, args, tc, rows=slice(None), micro=1, dp=
             state[f"grad:{name}@step{step}"] = np.zeros(p.shape, p.dtype) if g is None else to_numpy(g)
     for name, p in (dp.named_weights(model) if dp is not None else model.named_parameters()):
         state[f"weight:{name}"] = to_numpy(p.data).copy()
+    record_run(moved, args.steps, strategy=dp is not None)
     return losses, state, times
+
+# ----------------------------------------------------------------------------- host <-> device bytes
+
+# The training runs of this process: (strategy?, host<->device bytes, steps). Only the bytes
+# of the training steps count (token ids in, the loss out, what a strategy stages through
+# the host); the copies train_and_collect makes to compare (gradients, weights) do not.
+RUNS = []
+
+
+def host_device_bytes(before):
+    """h2d + d2h bytes since `before` (a transfers.snapshot()); always 0 on the CPU."""
+    now = transfers.snapshot()
+    return (now["h2d"] - before["h2d"]) + (now["d2h"] - before["d2h"])
+
+
+def record_run(nbytes, steps, strategy=True):
+    """Note one training run's host<->device bytes (a lesson that trains without
+    train_and_collect records its own); strategy False: the one-process reference."""
+    RUNS.append((bool(strategy), int(nbytes), int(steps)))
+
+
+def host_device_bytes_per_step():
+    """Bytes per step of the last run with a strategy (the last run when none had one);
+    None when this process trained nothing."""
+    runs = [r for r in RUNS if r[0]] or RUNS
+    if not runs:
+        return None
+    _, nbytes, steps = runs[-1]
+    return nbytes / max(1, steps)
 
 
 def compare_by_kind(state, ref_state):

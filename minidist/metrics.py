@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from minidist.backend import synchronize, xp
+from minidist.backend import synchronize, to_device, xp
 from minidist.plan import flops as plan_flops
 
 
@@ -43,8 +43,8 @@ def measure_peak_flops(dtype="float32", n=512, seconds=0.3):
     key = (np.dtype(dtype).name, n)
     if key not in _PEAK:
         rng = np.random.default_rng(0)
-        a = xp.asarray(rng.standard_normal((n, n)), dtype=dtype)
-        b = xp.asarray(rng.standard_normal((n, n)), dtype=dtype)
+        a = to_device(rng.standard_normal((n, n)).astype(dtype))      # drawn on the host
+        b = to_device(rng.standard_normal((n, n)).astype(dtype))
         out = xp.empty((n, n), dtype=dtype)
         xp.matmul(a, b, out=out)  # warm up
         best, start = float("inf"), time.perf_counter()

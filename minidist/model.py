@@ -27,7 +27,7 @@ import numpy
 
 from minidist import ops, recompute
 from minidist.attention import BlockwiseCore
-from minidist.backend import dtype_of, to_numpy, xp
+from minidist.backend import dtype_of, to_device, to_numpy, xp
 from minidist.moe import MoEMLP
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList
 from minidist.optim import AdamW
@@ -104,7 +104,7 @@ def generate_greedy(model, idx, max_new_tokens, use_cache=True):
     context to the last block_size, which shifts every position: nothing cached is valid
     any more, so from there each step runs the cropped window whole, as without a cache.
     """
-    idx = numpy.asarray(idx)
+    idx = to_numpy(idx)                                                 # the tokens live on the host
     bs, steps = model.config.block_size, []
     was_training = model.training
     model.eval()
@@ -289,7 +289,7 @@ class GPT(Module):
                 p.data = xp.ones(p.shape, dt)
             else:
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
-                p.data = xp.asarray(g.normal(0.0, std, size=p.shape), dtype=dt)
+                p.data = to_device(g.normal(0.0, std, size=p.shape).astype(dt))   # drawn on the host
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; non_embedding leaves out the position table, as nanoGPT does
@@ -304,7 +304,7 @@ class GPT(Module):
         cached ones, which it attends to as well. positions: the global position of each
         column of idx (context parallelism: a rank's chunks; cp_model.py); default 0..T-1.
         """
-        idx = xp.asarray(idx)
+        idx = to_device(idx)                # the token ids cross to the device here (a no-op on cpu)
         B, T = idx.shape
         first = check_positions(self, T, cache)
         if rng is None and self.training and self.config.dropout > 0:
@@ -312,13 +312,13 @@ class GPT(Module):
             self._calls += 1
         tr = self.transformer
         tok_emb = tr.wte(idx)                                           # (B, T, C)
-        where = xp.arange(first, first + T) if positions is None else xp.asarray(positions)
+        where = xp.arange(first, first + T) if positions is None else to_device(positions)
         pos_emb = tr.wpe(where)                                         # (T, C)
         x = tr.drop(tok_emb + pos_emb, rng)
         x = recompute.run_blocks(self.recompute, tr.h, x, rng, caches=None if cache is None else cache.layers)
         x = tr.ln_f(x)
         logits = x @ tr.wte.weight.T                                    # (B, T, vocab)
-        loss = ops.cross_entropy(logits, xp.asarray(targets)) if targets is not None else None
+        loss = ops.cross_entropy(logits, to_device(targets)) if targets is not None else None
         if loss is not None and self.moe_layers():
             loss = loss + self.moe_aux_loss()                          # balance + z, every MoE layer
         return logits, loss
@@ -359,14 +359,15 @@ class GPT(Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
         """Append max_new_tokens sampled tokens to idx (B, T); rng a numpy Generator."""
         rng = rng if rng is not None else numpy.random.default_rng(self.seed)
-        idx = numpy.asarray(idx)
+        idx = to_numpy(idx)                               # the tokens live on the host, sampled there
         was_training = self.training
         self.eval()
         with no_grad():
             for _ in range(max_new_tokens):
                 cond = idx[:, -self.config.block_size:]
                 logits, _ = self(cond)
-                logits = numpy.asarray(logits.numpy()[:, -1, :], dtype=numpy.float64) / temperature
+                last = to_numpy(logits.data[:, -1, :])               # the last position's, home
+                logits = numpy.asarray(last, dtype=numpy.float64) / temperature
                 if top_k is not None:
                     kth = numpy.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
                     logits = numpy.where(logits < kth, -numpy.inf, logits)

@@ -9,7 +9,7 @@ exactly the names nanoGPT (and so a PyTorch state_dict) uses.
 import numpy
 
 from minidist import ops
-from minidist.backend import dtype_of, xp
+from minidist.backend import dtype_of, to_device, xp
 from minidist.tensor import Tensor
 
 
@@ -97,7 +97,7 @@ class Module:
             a = state[name]
             if tuple(a.shape) != p.shape:
                 raise ValueError(f"load_state_dict: {name} has shape {tuple(a.shape)}, the model expects {p.shape}")
-            p.data = xp.asarray(a, dtype=p.dtype).copy()
+            p.data = to_device(a, dtype=p.dtype).copy()     # a host array crosses (counted)
 
 
 class _ForwardHookHandle:
@@ -148,8 +148,8 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, dtype="float32", rng=None):
         dt = dtype_of(dtype)
-        w = _default_rng(rng).normal(0.0, 0.02, size=(in_features, out_features))
-        self.weight = Parameter(xp.asarray(w, dtype=dt))
+        w = _default_rng(rng).normal(0.0, 0.02, size=(in_features, out_features))   # on the host
+        self.weight = Parameter(to_device(w.astype(dt)))
         self.bias = Parameter(xp.zeros(out_features, dt)) if bias else None
 
     def forward(self, x):
@@ -168,8 +168,8 @@ class LayerNorm(Module):
 
 class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, dtype="float32", rng=None):
-        w = _default_rng(rng).normal(0.0, 0.02, size=(num_embeddings, embedding_dim))
-        self.weight = Parameter(xp.asarray(w, dtype=dtype_of(dtype)))
+        w = _default_rng(rng).normal(0.0, 0.02, size=(num_embeddings, embedding_dim))   # on the host
+        self.weight = Parameter(to_device(w.astype(dtype_of(dtype))))
 
     def forward(self, idx):
         return ops.embedding(idx, self.weight)

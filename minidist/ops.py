@@ -16,6 +16,7 @@ names the operands whose gradient may wait, backward_weight computes one of them
 Speed notes: float32 stays float32 (python scalars do not upcast under NumPy 2);
 matrix products against a 2-D weight run as one big (B*T, C) GEMM.
 """
+import itertools
 import math
 
 from minidist.backend import xp
@@ -285,7 +286,8 @@ class Split(Function):
 class Concat(Function):
     @staticmethod
     def forward(ctx, *arrays, axis=0):
-        ctx.axis, ctx.ends = axis, list(xp.cumsum([a.shape[axis] for a in arrays])[:-1])
+        # where each piece ends: shapes are host numbers, summed on the host
+        ctx.axis, ctx.ends = axis, list(itertools.accumulate(a.shape[axis] for a in arrays))[:-1]
         return xp.concatenate(arrays, axis=axis)
 
     @staticmethod
@@ -322,7 +324,7 @@ def getitem(a, index): return GetItem.apply(a, index=index)
 
 def mean(a, axis=None, keepdims=False):
     n = a.size if axis is None else math.prod(a.shape[i] for i in (axis if isinstance(axis, tuple) else (axis,)))
-    return mul(sum(a, axis, keepdims), Tensor(xp.asarray(1.0 / n, dtype=a.dtype)))
+    return mul(sum(a, axis, keepdims), Tensor(xp.full((), 1.0 / n, dtype=a.dtype)))
 
 
 def linear(x, weight, bias=None):

@@ -150,8 +150,16 @@ class AdamW(Optimizer):
 
 
 def grad_norm_sq(params):
-    """The squared L2 norm of the gradients these parameters hold, all of them together."""
-    return sum(float(xp.vdot(p.grad.ravel(), p.grad.ravel())) for p in params if p.grad is not None)
+    """The squared L2 norm of the gradients these parameters hold, all of them together.
+
+    Each tensor's square sum is taken where the gradient lives and they are added there in
+    float64, one after the other in parameter order (the last of their running sums: NumPy's
+    cumsum adds in order, so the CPU's figures are those of a Python sum); one number comes
+    home. (A GPU's cumsum is a parallel scan: its last bits may differ.)"""
+    parts = [xp.vdot(p.grad.ravel(), p.grad.ravel()) for p in params if p.grad is not None]
+    if not parts:
+        return 0
+    return float(xp.cumsum(xp.stack(parts).astype(xp.float64))[-1])
 
 
 def clip_grad_norm(params, max_norm, norm_sq=None):

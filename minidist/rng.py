@@ -16,12 +16,18 @@ element's names instead (`position_keep_mask`): a counter-based hash of (seed, s
 sample id, call k, head, query position, key position), the same mask whatever tile or
 rank computes it. minidist/attention.py's AttentionDropout takes one call k from the
 forward's DropoutRNG, as the plain attention's single mask call does.
+
+On a device (MINIDIST_DEVICE=cuda or strict) the two kinds cross differently. A
+DropoutRNG's masks are drawn on the host (NumPy's generator, seeded per sample) and cross
+to the device as bits, 1/32 of a float32 mask, unpacked and scaled there. The positional
+hash runs on the device; only its (seed, step, sample id, k) prefix, one 64-bit number per
+sample, is hashed on the host and copied over, once per dropout call.
 """
 import math
 
 import numpy
 
-from minidist.backend import xp
+from minidist.backend import on_device, to_device, xp
 
 
 class DropoutRNG:
@@ -39,12 +45,15 @@ class DropoutRNG:
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), not {p}")
         k, self.calls = self.calls, self.calls + 1
-        out = numpy.empty(tuple(shape), dtype=dtype)
+        keep = numpy.empty(tuple(shape), dtype=bool)
         for row, sid in enumerate(self.sample_ids):
             g = numpy.random.default_rng([self.seed, self.step, sid, k])
-            keep = g.random(shape[1:], dtype=numpy.float32) >= p   # float32 draws: same mask in any dtype
-            numpy.multiply(keep, 1.0 / (1.0 - p), out=out[row], casting="unsafe")
-        return xp.asarray(out)
+            keep[row] = g.random(shape[1:], dtype=numpy.float32) >= p   # float32 draws: same mask in any dtype
+        # the keep bits cross to the device packed, eight to a byte, and are scaled there:
+        # 0 or 1 times 1/(1-p) in float64, then rounded to dtype
+        bits = to_device(numpy.packbits(keep, axis=None))
+        kept = xp.unpackbits(bits)[:keep.size].reshape(keep.shape)
+        return (kept * (1.0 / (1.0 - p))).astype(dtype)
 
 def dropout_rng_of(rng):
     """The DropoutRNG behind a view of it (an object that keeps it as .rng: a SlicedRNG, a
@@ -63,27 +72,43 @@ _MASK64 = 2**64 - 1
 
 
 def _uint64(values):
-    """Integers (negative ones too, as two's complement) as a uint64 array."""
-    return xp.asarray(values, dtype=xp.int64).astype(xp.uint64)
+    """Integers (negative ones too, as two's complement) as a uint64 array on the device
+    (host integers are copied over: a counted transfer on a device)."""
+    if on_device(values):
+        return values.astype(xp.int64).astype(xp.uint64)
+    return to_device(numpy.asarray(values, dtype=numpy.int64)).astype(xp.uint64)
 
 
 def _mix64(z):
-    """SplitMix64's finalizer on a uint64 array, in place (uint64 arithmetic wraps mod 2^64)."""
-    z ^= z >> xp.uint64(30)
-    z *= xp.uint64(_MIX1)
-    z ^= z >> xp.uint64(27)
-    z *= xp.uint64(_MIX2)
-    z ^= z >> xp.uint64(31)
+    """SplitMix64's finalizer on a uint64 array (host or device), in place (uint64
+    arithmetic wraps mod 2^64)."""
+    z ^= z >> numpy.uint64(30)
+    z *= numpy.uint64(_MIX1)
+    z ^= z >> numpy.uint64(27)
+    z *= numpy.uint64(_MIX2)
+    z ^= z >> numpy.uint64(31)
     return z
 
 
 def _fold(h, values):
-    """h (uint64 array) combined with values (ints, broadcast): mix(h + (values + 1) gamma)."""
-    z = (xp.asarray(values, dtype=xp.uint64) + xp.uint64(1)) * xp.uint64(_GAMMA)
+    """h combined with values (uint64 arrays on the same side, broadcast):
+    mix(h + (values + 1) gamma)."""
+    z = (values + numpy.uint64(1)) * numpy.uint64(_GAMMA)
     return _mix64(h + z)
 
 
-def position_keep_mask(seed, step, sample_ids, k, heads, q_pos, k_pos, p, dtype):
+def position_key(seed, step, sample_ids, k):
+    """The hash of (seed, step, sample id, call k) per sample, (len(sample_ids),) uint64 on
+    the device: position_keep_mask's first folds, done on the host (a few numbers) and
+    copied over once; AttentionDropout keeps it for every tile of its forward and backward."""
+    h = _mix64(numpy.asarray([int(seed) & _MASK64], dtype=numpy.uint64))
+    for name in (step, k):
+        h = _fold(h, numpy.asarray([int(name) & _MASK64], dtype=numpy.uint64))
+    ids = numpy.asarray([int(s) for s in sample_ids], dtype=numpy.int64).astype(numpy.uint64)
+    return to_device(_fold(h, ids))                                              # (B,)
+
+
+def position_keep_mask(seed, step, sample_ids, k, heads, q_pos, k_pos, p, dtype, key=None):
     """The scaled dropout mask, 0 or 1/(1-p), of attention elements named by position.
 
     Returns (len(sample_ids), len(heads), len(q_pos), len(k_pos)). Element (b, h, i, j)
@@ -96,14 +121,12 @@ def position_keep_mask(seed, step, sample_ids, k, heads, q_pos, k_pos, p, dtype)
     h <- mix(h + (name + 1) gamma); the last fold, over the key position, is the only
     one done per element, and it is SplitMix64's own stream (state h, counter k_pos + 1).
     u is a multiple of 2^-24, exact in float32 and float64: the mask does not depend on
-    dtype. Cost: about ten uint64 operations per element.
+    dtype. Cost: about ten uint64 operations per element. key: position_key(seed, step,
+    sample_ids, k), when the caller keeps it (made here otherwise).
     """
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), not {p}")
-    h = _mix64(xp.asarray([int(seed) & _MASK64], dtype=xp.uint64))
-    for name in (step, k):
-        h = _fold(h, [int(name) & _MASK64])
-    h = _fold(h, _uint64([int(s) for s in sample_ids]))                          # (B,)
+    h = position_key(seed, step, sample_ids, k) if key is None else key        # (B,)
     h = _fold(h[:, None], _uint64(heads)[None, :])                               # (B, H)
     h = _fold(h[:, :, None], _uint64(q_pos))                                     # (B, H, Tq)
     z = _fold(h[..., None], _uint64(k_pos))                                      # (B, H, Tq, Tk)

@@ -358,8 +358,10 @@ class Tensor:
         if isinstance(other, Tensor):
             return other
         if isinstance(other, float) and not _can_have_grad(self.dtype):
-            return Tensor(xp.asarray(other))      # int tensor * 0.5 is 0.5 x, not 0 x
-        return Tensor(xp.asarray(other, dtype=self.dtype))  # python scalars keep our dtype
+            return Tensor(xp.full((), other, dtype=xp.float64))   # int tensor * 0.5 is 0.5 x, not 0 x
+        if isinstance(other, (int, float, numpy.generic)):    # a scalar: filled in on the device
+            return Tensor(xp.full((), other, dtype=self.dtype))   # python scalars keep our dtype
+        return Tensor(xp.asarray(other, dtype=self.dtype))
 
     def __add__(self, o): return _ops().add(self, self._lift(o))
     def __radd__(self, o): return _ops().add(self._lift(o), self)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from minidist.backend import xp
+from minidist.backend import to_numpy, xp
 from minidist.optim import clip_grad_norm
 from minidist.parallel.strategy import Strategy
 from minidist.rng import DropoutRNG
@@ -113,11 +113,14 @@ def train_step(model, optimizer, batches, lr, grad_clip=0.0, dp=None, raw_grads=
     if dp.owns_schedule:        # a pipeline runs its micro-batches in its own order
         total = dp.forward_backward(model, batches, scale)
     else:
+        losses = []
         for i, (x, y, rng) in enumerate(batches):
             _, loss = model(x, y, rng=rng)
             with dp.backward_context(last=i == k - 1):
                 (loss * scale).backward()
-            total += loss.item() / k
+            losses.append(loss.data)
+        for v in to_numpy(xp.stack(losses)):    # the losses come home together: one copy a step
+            total += float(v) / k
     dp.sync()
     # ZeRO keeps each rank's partition of the gradients outside the model: its strategy
     # names the tensors holding them (named_grads)

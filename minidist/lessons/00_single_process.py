@@ -13,15 +13,22 @@ gradients against central differences on a tiny float64 copy of the model (that 
 this lesson's `match`), and ends with a sample from the trained model. On a terminal one
 more line updates under the table after every step: the step, its loss and the time left
 (minidist.progress); in a log or a pipe the table's lines are all there is.
+
+On a device (MINIDIST_DEVICE=cuda, or strict: the CPU double of one) the weights, the
+activations and the optimizer's state never leave it; what crosses in a step is the token
+ids in (with --dropout, the masks too: drawn on the host, sent as bits) and two numbers out
+(the loss, the gradient's norm for clipping). The report counts those bytes (figures:
+host_device_bytes_per_step, 0 on the CPU) and the last lines say what they cost over PCIe.
 """
 import sys
 import time
 
 import numpy as np
 
-from minidist import metrics
+from minidist import metrics, transfers
 from minidist.backend import dtype_of, to_numpy
 from minidist.data import decode, encode
+from minidist.equivalence import host_device_bytes
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT, GPTConfig
@@ -105,7 +112,7 @@ def main(args):
         f"({cfg.dtype} matmul, OMP_NUM_THREADS={harness.env_threads()})\n")
 
     say(f"{'step':>5}  {'loss':>7}  {'lr':>8}  {'ms':>7}  {'tok/s':>8}  {'MFU':>6}")
-    losses, times = [], []
+    losses, times, moved = [], [], 0
     bar = Progress(args.steps, "training", every=args.steps) if _terminal() else None
 
     def row(text):
@@ -119,9 +126,11 @@ def main(args):
     for step in range(args.steps):
         x, y = data.get_batch("train", args.batch_size, step)
         MEMORY.reset_peak()
+        before = transfers.snapshot()           # on a device: the token ids in, the loss out
         t0 = time.perf_counter()
         loss, _ = train_step(model, opt, micro_batches(x, y, step, args.seed), get_lr(step, tc), tc.grad_clip)
         dt = time.perf_counter() - t0
+        moved += host_device_bytes(before)
         losses.append(loss)
         times.append(dt)
         if step % args.log_interval == 0 or step == args.steps - 1:
@@ -168,7 +177,8 @@ def main(args):
     report = harness.new_report(
         "00_single_process", args, parallel={"dp": 1, "tp": 1, "pp": 1}, match=ok, max_rel_diff=rel,
         max_abs_diff=abs_err, tolerance=GRADCHECK_TOL, losses={"reference": losses, "parallel": None},
-        memory=mem, step_time_s=step_time, mfu=metrics.mfu(tokens / step_time, fpt, peak))
+        memory=mem, step_time_s=step_time, mfu=metrics.mfu(tokens / step_time, fpt, peak),
+        figures={"host_device_bytes_per_step": moved / args.steps})
     return harness.finish(report, args)
 
 
