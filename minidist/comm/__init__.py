@@ -4,6 +4,7 @@
 
 Files, in reading order:
     stats.py        bytes and messages per collective, per process
+    staging.py      device arrays: staged through host buffers, or handed to MPI directly
     checks.py       the agreement check every collective makes first; agree()
     collectives.py  ring reduce-scatter (_v: pieces of the caller's lengths), ring all-gather,
                     ring all-reduce, MPI's own all-reduce
@@ -16,8 +17,10 @@ Files, in reading order:
     grid.py         ProcessGrid: tp x cp x pp x dp sub-communicators
     watchdog.py     a wait longer than MINIDIST_TIMEOUT prints every rank's stack, ends the job
 
-This layer moves NumPy arrays; it never imports the autograd engine. Importing it in a
-job of several ranks starts the watchdog's thread (it wakes twice a second).
+This layer moves NumPy arrays, and device arrays (CuPy's, or the strict double's) the way
+staging.py says, each returned in the kind it came in; it never imports the autograd
+engine. Importing it in a job of several ranks starts the watchdog's thread (it wakes
+twice a second).
 """
 from minidist.comm import stats, watchdog
 from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce

@@ -31,13 +31,13 @@ the largest value), while integer sums, and floats whose sums are exact, agree b
 for bit with each other and with MPI's own.
 
 Same conventions as the ring: new arrays, upper-case buffer methods only, counted under
-"all_reduce" in minidist.comm.stats, checked first unless check=False.
+"all_reduce" in minidist.comm.stats, checked first unless check=False, host or device
+arrays (minidist/comm/staging.py).
 """
-import numpy as np
-
 from minidist.comm import stats
 from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, wire
 from minidist.comm.collectives import chunk_bounds, sendrecv
+from minidist.comm.staging import asarray, namespace, staged
 from minidist.comm.watchdog import waiting
 
 TAG_DOUBLING, TAG_FOLD, TAG_HALVING, TAG_GATHERING = 30013, 30014, 30015, 30016
@@ -51,8 +51,9 @@ def _start(comm, x, name, op, check):
         exchange(comm, x, name, op=op)
     else:
         refuse(comm, x, name, op=op)
-    src = np.asarray(x, order="C").reshape(-1)
-    return src, np.empty_like(src)
+    xp = namespace(x)
+    src = xp.asarray(x, order="C").reshape(-1)
+    return src, xp.empty_like(src)
 
 
 def _fold_in(comm, src, acc, combine):
@@ -67,7 +68,7 @@ def _fold_in(comm, src, acc, combine):
         _send(comm, src, rank + 1)                        # hand my array to my odd neighbour
         return None, p2, real, None
     if rank < 2 * extra:
-        incoming = np.empty_like(src)
+        incoming = namespace(src).empty_like(src)
         _recv(comm, incoming, rank - 1)                   # take my even neighbour's array...
         combine(incoming, src, out=acc)                   # ...and add it, lower rank first
         return rank // 2, p2, real, acc
@@ -90,20 +91,21 @@ def _finish(acc, x, op, size):
 
 # ----------------------------------------------------------------------------- recursive doubling
 
+@staged
 def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
     """All-reduce in lg P rounds of whole-array swaps (any N: the extra ranks fold in first)."""
-    x = np.asarray(x)
+    x = asarray(x)
     with stats.counting("all_reduce"), waiting("recursive_doubling_all_reduce"):
         src, acc = _start(comm, x, "recursive_doubling_all_reduce", op, check)
-        combine = reduce_ufunc(op)
+        combine = reduce_ufunc(op, namespace(acc))
         vrank, p2, real, mine = _fold_in(comm, src, acc, combine)
         if vrank is not None:
-            incoming = np.empty_like(acc)
-            into, distance, rounds = wire(incoming), 1, 0
+            incoming = namespace(acc).empty_like(acc)
+            distance, rounds = 1, 0
             while distance < p2:
                 partner = real(vrank ^ distance)
                 # swap whole arrays with the partner, then both add the same two arrays
-                comm.Sendrecv(wire(mine), partner, TAG_DOUBLING, into, partner, TAG_DOUBLING)
+                comm.Sendrecv(wire(mine), partner, TAG_DOUBLING, wire(incoming), partner, TAG_DOUBLING)
                 combine(mine, incoming, out=acc)
                 mine, distance, rounds = acc, distance * 2, rounds + 1
             # counted once for all rounds: a small message's time is mostly such overheads
@@ -116,6 +118,7 @@ def recursive_doubling_all_reduce(comm, x, op="sum", check=True):
 
 # ----------------------------------------------------------------------------- Rabenseifner
 
+@staged
 def rabenseifner_all_reduce(comm, x, op="sum", check=True):
     """All-reduce as a reduce-scatter by recursive halving, then an all-gather by recursive
     doubling, over the P = 2^floor(lg N) ranks left after the fold.
@@ -126,10 +129,11 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
     it holds one chunk reduced over all ranks. The all-gather replays the rounds backwards:
     send what I hold, receive the partner's half, until I hold all P chunks again.
     """
-    x = np.asarray(x)
+    x = asarray(x)
     with stats.counting("all_reduce"), waiting("rabenseifner_all_reduce"):
         src, acc = _start(comm, x, "rabenseifner_all_reduce", op, check)
-        combine = reduce_ufunc(op)
+        xp = namespace(acc)
+        combine = reduce_ufunc(op, xp)
         vrank, p2, real, mine = _fold_in(comm, src, acc, combine)
         if vrank is not None and p2 == 1 and mine is src:
             acc[:] = src                                      # one rank: nothing to add
@@ -149,7 +153,7 @@ def rabenseifner_all_reduce(comm, x, op="sum", check=True):
                     combine(got, src[kept], out=got)
                 else:               # acc holds my partial sum: the partner's piece waits beside
                     if incoming is None:                  # the largest window still to come
-                        incoming = np.empty(kept.stop - kept.start, acc.dtype)
+                        incoming = xp.empty(kept.stop - kept.start, acc.dtype)
                     got = incoming[:kept.stop - kept.start]
                     sendrecv(comm, acc[given], partner, got, partner, TAG_HALVING)
                     combine(acc[kept], got, out=acc[kept])

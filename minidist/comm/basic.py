@@ -11,13 +11,16 @@
 
 broadcast and reduce here are linear: the root talks to every other rank in turn. That
 is the textbook's first version; MPI's own use trees. Same conventions as the ring
-(minidist/comm/collectives.py): new arrays, buffers only, counted, checked.
+(minidist/comm/collectives.py): new arrays, buffers only, counted, checked, host or device
+arrays (minidist/comm/staging.py). A non-root that passes x=None to broadcast gets a host
+array: it gave no array whose kind it could be given back.
 """
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.comm.checks import dtype_of, exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
+from minidist.comm.staging import asarray, namespace, staged
 from minidist.comm.watchdog import waiting
 # the log-step all-reduces; imported here too, where the lessons first found it
 from minidist.comm.algorithms import recursive_doubling_all_reduce  # noqa: F401
@@ -25,11 +28,13 @@ from minidist.comm.algorithms import recursive_doubling_all_reduce  # noqa: F401
 TAG_BROADCAST, TAG_REDUCE = 30011, 30012
 
 
+@staged
 def broadcast(comm, x, root=0, check=True):
     """Every rank gets a copy of root's x. Non-roots may pass x=None (shape from the check)."""
     size, rank = comm.Get_size(), comm.Get_rank()
     with stats.counting("broadcast"), waiting("broadcast"):
-        x = None if x is None else np.asarray(x)
+        x = None if x is None else asarray(x)
+        xp = np if x is None else namespace(x)
         if check:
             table = exchange(comm, x, "broadcast", root=root,
                              none_ok=[r for r in range(size) if r != root])
@@ -40,33 +45,35 @@ def broadcast(comm, x, root=0, check=True):
             refuse(comm, x, "broadcast", root=root)
             shape, dtype = x.shape, x.dtype
         if rank == root:
-            out = np.array(x, copy=True, order="C")
+            out = xp.array(x, copy=True, order="C")
             # the root posts one send per rank, then waits for all of them
             requests = [comm.Isend(wire(out), dest, TAG_BROADCAST) for dest in range(size) if dest != root]
             MPI.Request.Waitall(requests)
             stats.add(sent=out.nbytes * (size - 1), messages=size - 1)
         else:
-            out = np.empty(shape, dtype)
+            out = xp.empty(shape, dtype)
             comm.Recv(wire(out), root, TAG_BROADCAST)               # wait for the root's copy
             stats.add(recv=out.nbytes)
         return out
 
 
+@staged
 def reduce(comm, x, root=0, op="sum", check=True):
     """The root gets the reduction of x over all ranks (summed in rank order); others get None."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    x = np.asarray(x)
+    x = asarray(x)
+    xp = namespace(x)
     with stats.counting("reduce"), waiting("reduce"):
         if check:
             exchange(comm, x, "reduce", op=op, root=root)
         else:
             refuse(comm, x, "reduce", op=op, root=root)
-        src = np.asarray(x, order="C")
+        src = xp.asarray(x, order="C")
         if rank != root:
             comm.Send(wire(src), root, TAG_REDUCE)                  # hand my array to the root
             stats.add(sent=src.nbytes, messages=1)
             return None
-        combine, incoming = reduce_ufunc(op), np.empty_like(src)
+        combine, incoming = reduce_ufunc(op, xp), xp.empty_like(src)
         out = None
         for r in range(size):                                 # the root adds them in rank order
             if r == root:
@@ -79,9 +86,10 @@ def reduce(comm, x, root=0, op="sum", check=True):
         return finish_avg(out, size) if op == "avg" else out
 
 
+@staged
 def naive_all_reduce(comm, x, op="sum", check=True):
     """Reduce to rank 0, then broadcast from rank 0: simple, and rank 0's link does all the work."""
-    x = np.asarray(x)
+    x = asarray(x)
     with stats.counting("all_reduce"), waiting("naive_all_reduce"):
         if check:
             exchange(comm, x, "naive_all_reduce", op=op)
@@ -89,5 +97,6 @@ def naive_all_reduce(comm, x, op="sum", check=True):
             refuse(comm, x, "naive_all_reduce", op=op)
         total = reduce(comm, x, root=0, op=op, check=False)
         if total is None:
-            total = np.empty_like(np.asarray(x, order="C"))    # a buffer for the broadcast
+            xp = namespace(x)
+            total = xp.empty_like(xp.asarray(x, order="C"))    # a buffer for the broadcast
         return broadcast(comm, total, root=0, check=False).reshape(x.shape)

@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import stats
+from minidist.comm import staging, stats
 from minidist.comm.watchdog import waiting
 from minidist.failfast import AgreedError
 
@@ -43,7 +43,10 @@ def is_bfloat16(dtype):
 
 
 def wire(buf):
-    """The buffer MPI is handed: a bfloat16 array as its uint16 bit patterns, else buf itself."""
+    """The buffer MPI is handed: a bfloat16 array as its uint16 bit patterns, else buf itself.
+    (Every buffer of minidist.comm's messages passes here; on the direct path a device
+    buffer is first synchronized and counted: staging.hand_to_mpi.)"""
+    staging.hand_to_mpi(buf)
     return buf.view(np.uint16) if is_bfloat16(buf.dtype) else buf
 
 
@@ -59,14 +62,15 @@ class MismatchError(AgreedError):
     """Ranks called a collective with inputs that cannot belong together (raised on all)."""
 
 
-def reduce_ufunc(op):
-    """The NumPy ufunc that combines two partial results: np.add for sum and avg."""
-    return np.maximum if op == "max" else np.add
+def reduce_ufunc(op, xp=np):
+    """The ufunc that combines two partial results: add for sum and avg (xp: the arrays'
+    module, staging.namespace; NumPy's on the host)."""
+    return xp.maximum if op == "max" else xp.add
 
 
 def finish_avg(y, size):
     """avg = sum / size, in place (float and complex arrays only; checked before)."""
-    np.divide(y, size, out=y)
+    y /= size
     return y
 
 

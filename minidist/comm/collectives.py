@@ -21,13 +21,16 @@ Conventions for every collective in minidist.comm: it takes an mpi4py communicat
 a NumPy array, never changes the input, returns a new array, moves buffers with the
 upper-case mpi4py methods (never pickling), and counts its traffic in
 minidist.comm.stats. Before moving data it checks that the ranks' inputs belong
-together (minidist.comm.checks; `check=False` skips that small extra message).
+together (minidist.comm.checks; `check=False` skips that small extra message). A device
+array (CuPy's) is taken too and its kind returned: minidist/comm/staging.py says how, and
+why the array functions here come from `xp = namespace(x)`, NumPy's for a host array.
 """
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.comm.checks import exchange, finish_avg, reduce_ufunc, refuse, shape_of, wire
+from minidist.comm.staging import asarray, contiguous, hand_to_mpi, namespace, staged
 from minidist.plan.rules import chunk_bounds   # numpy.array_split's cut, once (plan/rules.py)
 from minidist.comm.watchdog import waiting
 
@@ -44,7 +47,7 @@ def sendrecv(comm, sendbuf, dest, recvbuf, source, tag):
 
 def _flat(x):
     """A 1-D contiguous view of x (a copy only when x is not contiguous)."""
-    return np.asarray(x, order="C").reshape(-1)
+    return contiguous(x).reshape(-1)
 
 
 # ----------------------------------------------------------------------------- the ring's two phases
@@ -58,7 +61,7 @@ def _reduce_scatter_phase(comm, src, bounds, op, recv_buffer):
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % size, (rank - 1) % size
-    combine = reduce_ufunc(op)
+    combine = reduce_ufunc(op, namespace(src))
     mine = src[bounds[rank]:bounds[rank + 1]]
     partial = None
     for step in range(size - 1):
@@ -90,20 +93,22 @@ def _all_gather_phase(comm, out, bounds):
 
 # ----------------------------------------------------------------------------- public ring collectives
 
+@staged
 def ring_reduce_scatter(comm, x, op="sum", axis=0, check=True):
     """Reduce x over all ranks and keep chunk `rank` of numpy.array_split(result, N, axis)."""
-    x = np.asarray(x)
+    x = asarray(x)
     n = x.shape[axis % x.ndim] if x.ndim else 0
     return _ring_reduce_scatter(comm, x, np.diff(chunk_bounds(n, comm.Get_size())), op, axis, check,
                                 "ring_reduce_scatter")
 
 
+@staged
 def ring_reduce_scatter_v(comm, x, lengths, op="sum", axis=0, check=True):
     """Reduce x over all ranks and keep rank r's piece along `axis`, lengths[r] long (pieces
     in rank order, any lengths that add up to x.shape[axis]: ring_reduce_scatter with the
     caller's cut instead of numpy.array_split's). Rank r sends every piece's partial sum but
     its own: (M - its piece's bytes), in N-1 steps. Counted under "reduce_scatter"."""
-    return _ring_reduce_scatter(comm, np.asarray(x), lengths, op, axis, check, "ring_reduce_scatter_v")
+    return _ring_reduce_scatter(comm, asarray(x), lengths, op, axis, check, "ring_reduce_scatter_v")
 
 
 def _ring_reduce_scatter(comm, x, lengths, op, axis, check, name):
@@ -119,35 +124,38 @@ def _ring_reduce_scatter(comm, x, lengths, op, axis, check, name):
         if len(lengths) != size or sum(lengths) != x.shape[axis] or min(lengths) < 0:
             raise ValueError(f"{name}: lengths {lengths} must be {size} pieces "
                              f"adding up to the {x.shape[axis]} rows along axis {axis}")
-        rows = np.moveaxis(x, axis, 0)               # split along the first axis...
+        xp = namespace(x)
+        rows = xp.moveaxis(x, axis, 0)               # split along the first axis...
         src = _flat(rows)                             # ...so every chunk is contiguous
         row = int(np.prod(rows.shape[1:], dtype=np.int64))
         bounds = [int(b) * row for b in np.concatenate([[0], np.cumsum(lengths)])]
         longest = max(lengths) * row
         # two chunk-sized buffers, used in turn: what I send next is what I received last
-        bufs = [np.empty(longest, x.dtype), np.empty(longest if size > 2 else 0, x.dtype)]
+        bufs = [xp.empty(longest, x.dtype), xp.empty(longest if size > 2 else 0, x.dtype)]
         mine = _reduce_scatter_phase(
             comm, src, bounds, op, lambda step, c: bufs[step % 2][:bounds[c + 1] - bounds[c]])
         if op == "avg":
             finish_avg(mine, size)
         chunk = mine.reshape((lengths[rank],) + rows.shape[1:])
-        return np.asarray(np.moveaxis(chunk, 0, axis), order="C")
+        return xp.asarray(xp.moveaxis(chunk, 0, axis), order="C")
 
 
+@staged
 def ring_all_gather(comm, x, axis=0):
     """Join every rank's piece along `axis`, in rank order; pieces' lengths may differ.
 
     The pieces' lengths come from the descriptors the check all-gathers first (one
     small message, counted under "check"), so this collective always checks.
     """
-    x = np.asarray(x)
+    x = asarray(x)
+    xp = namespace(x)
     with stats.counting("all_gather"), waiting("ring_all_gather"):
         table = exchange(comm, x, "ring_all_gather", axis=axis, same_axis=False)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
-        rows = np.moveaxis(x, axis, 0)
+        rows = xp.moveaxis(x, axis, 0)
         lengths = [shape_of(table[r])[axis] for r in range(size)]
-        out = np.empty((sum(lengths),) + rows.shape[1:], dtype=x.dtype)
+        out = xp.empty((sum(lengths),) + rows.shape[1:], dtype=x.dtype)
         row = int(np.prod(rows.shape[1:], dtype=np.int64))
         bounds = [0]
         for n in lengths:
@@ -155,16 +163,17 @@ def ring_all_gather(comm, x, axis=0):
         flat = out.reshape(-1)
         flat[bounds[rank]:bounds[rank + 1]] = rows.reshape(-1)   # my own piece, in its place
         _all_gather_phase(comm, flat, bounds)
-        return np.asarray(np.moveaxis(out, 0, axis), order="C")
+        return xp.asarray(xp.moveaxis(out, 0, axis), order="C")
 
 
+@staged
 def ring_all_reduce(comm, x, op="sum", check=True):
     """Every rank gets the reduction of x over all ranks: ring reduce-scatter, then ring all-gather.
 
     The result buffer doubles as the receive buffer: partial sums land in their chunk's
     place, so besides the result nothing is allocated and nothing is copied.
     """
-    x = np.asarray(x)
+    x = asarray(x)
     with stats.counting("all_reduce"), waiting("ring_all_reduce"):
         if check:
             exchange(comm, x, "ring_all_reduce", op=op)
@@ -172,7 +181,7 @@ def ring_all_reduce(comm, x, op="sum", check=True):
             refuse(comm, x, "ring_all_reduce", op=op)
         size, rank = comm.Get_size(), comm.Get_rank()
         src = _flat(x)
-        out = np.empty_like(src)
+        out = namespace(src).empty_like(src)
         bounds = chunk_bounds(src.size, size)
         lo, hi = bounds[rank], bounds[rank + 1]
         if size == 1:
@@ -185,17 +194,19 @@ def ring_all_reduce(comm, x, op="sum", check=True):
         return out.reshape(x.shape)
 
 
+@staged
 def mpi_all_reduce(comm, x, op="sum"):
     """MPI's own Allreduce: the baseline the hand-written ones are measured against.
 
     It sends no check of its own (all_reduce(impl="mpi") checks first); what this rank
     can see alone (an unknown op, an integer avg) is still refused.
     """
-    x = np.asarray(x)
+    x = asarray(x)
     refuse(comm, x, "mpi_all_reduce", op=op)
     with stats.counting("mpi_all_reduce"), waiting("mpi_all_reduce"):
-        src = np.asarray(x, order="C")
-        out = np.empty_like(src)
-        comm.Allreduce(src, out, op=MPI.MAX if op == "max" else MPI.SUM)
+        xp = namespace(x)
+        src = xp.asarray(x, order="C")
+        out = xp.empty_like(src)
+        comm.Allreduce(hand_to_mpi(src), hand_to_mpi(out), op=MPI.MAX if op == "max" else MPI.SUM)
         return finish_avg(out, comm.Get_size()) if op == "avg" else out
 

@@ -5,12 +5,11 @@ basic.py's naive one, algorithms.py's lg N ones, tuning.py's choice for "auto") 
 imports them at module level; none of them imports this one, so the imports go one
 way. (This package's own layering; `minidist.comm.all_reduce` re-exports it.)
 """
-import numpy as np
-
 from minidist.comm.algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
 from minidist.comm.basic import naive_all_reduce
 from minidist.comm.checks import exchange
 from minidist.comm.collectives import mpi_all_reduce, ring_all_reduce
+from minidist.comm.staging import asarray, staged
 from minidist.comm.tuning import choose
 
 ALGORITHMS = ("ring", "naive", "recursive_doubling", "rabenseifner", "auto", "mpi")
@@ -22,6 +21,7 @@ _IMPLS = {"ring": ring_all_reduce, "naive": naive_all_reduce,
           "rabenseifner": rabenseifner_all_reduce}
 
 
+@staged
 def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
     """All-reduce by one of the algorithms: ring, naive, recursive_doubling, rabenseifner,
     auto or mpi (`impl=` is this argument's older name).
@@ -37,12 +37,12 @@ def all_reduce(comm, x, op="sum", algorithm="ring", check=True, impl=None):
     algorithm = impl if impl is not None else algorithm
     if algorithm == "auto":
         if check:   # agree on the input first: inputs of different sizes could pick differently
-            exchange(comm, np.asarray(x), "auto_all_reduce", op=op)
+            exchange(comm, asarray(x), "auto_all_reduce", op=op)
             check = False
-        algorithm = choose(comm, np.asarray(x).nbytes)
+        algorithm = choose(comm, asarray(x).nbytes)
     if algorithm == "mpi":
         if check:
-            exchange(comm, np.asarray(x), "mpi_all_reduce", op=op)
+            exchange(comm, asarray(x), "mpi_all_reduce", op=op)
         return mpi_all_reduce(comm, x, op)
     if algorithm not in _IMPLS:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r}")

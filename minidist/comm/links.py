@@ -206,12 +206,14 @@ def parse(text, world_size=None):
 # ----------------------------------------------------------------------------- the wrapper
 
 def _nbytes(buf):
-    """Bytes of an mpi4py buffer spec: an array, [array, type] or [array, count, type]."""
+    """Bytes of an mpi4py buffer spec: an array, [array, type] or [array, count, type]. (An
+    array's own nbytes first: a device array, on the direct path, has no memoryview.)"""
     if isinstance(buf, (list, tuple)):
         if len(buf) == 3 and isinstance(buf[1], int) and isinstance(buf[2], MPI.Datatype):
             return buf[1] * buf[2].Get_size()
         buf = buf[0]
-    return memoryview(buf).nbytes
+    nbytes = getattr(buf, "nbytes", None)
+    return nbytes if isinstance(nbytes, int) else memoryview(buf).nbytes
 
 
 class LinkedComm:

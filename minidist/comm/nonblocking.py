@@ -20,16 +20,20 @@ a ring step's two messages from one neighbour arrive in order within one tag.
 Do not change x, nor read the result, before test() returned True or wait() returned.
 The check of shapes and dtypes (one small message, under "check") is MPI's own
 non-blocking Iallgather, finished on the first test() or wait().
+
+A device x (minidist/comm/staging.py): on the staged path it comes to the host at the
+start and the result goes back to the device once, when wait() (or `result`) first gives
+it; on the direct path the ring runs on device buffers.
 """
 import itertools
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import stats
 from minidist.comm.checks import MismatchError, finish_avg, post, reduce_ufunc, refuse, verify, wire
 from minidist.comm.collectives import _flat, chunk_bounds
+from minidist.comm.staging import arrive, asarray, namespace
 from minidist.comm.watchdog import waiting
 
 TAG_BASE, TAG_SPAN = 20000, 10000
@@ -60,10 +64,13 @@ class RingAllReduce:
             counter = _counter(comm)
             tag = TAG_BASE + next(counter) % TAG_SPAN
         self.tag = tag
-        x = np.asarray(x)
+        x, self._back = arrive(x)             # a device x: to the host, or as it is (direct)
+        x = asarray(x)
         self.shape = x.shape
         self.src = _flat(x)
-        self.out = np.empty_like(self.src)
+        self.xp = namespace(self.src)
+        self.out = self.xp.empty_like(self.src)
+        self._given = None                    # the result, in x's kind, once asked for
         self.bounds = chunk_bounds(self.src.size, self.size)
         self.step, self.n_steps = 0, self.steps_in(self.size)
         self.requests = []                        # the Isend/Irecv of the step in flight
@@ -109,7 +116,7 @@ class RingAllReduce:
         self.requests = []
         if self.step < self.size - 1:
             recvbuf = self._chunk(self.out, self.recv_c)
-            reduce_ufunc(self.op)(recvbuf, self._chunk(self.src, self.recv_c), out=recvbuf)
+            reduce_ufunc(self.op, self.xp)(recvbuf, self._chunk(self.src, self.recv_c), out=recvbuf)
         self.step += 1
 
     def _finish_check(self, wait):
@@ -163,13 +170,19 @@ class RingAllReduce:
                 MPI.Request.Waitall(self.requests)
                 self._finish_step()
             self._complete()
-        return self.out.reshape(self.shape)
+        return self.result
+
+    def _give(self, host):
+        """The result in the kind x came in: on the staged path copied to the device once."""
+        if self._given is None:
+            self._given = self._back(host)
+        return self._given
 
     @property
     def result(self):
         if not self.done:
             raise RuntimeError("the all-reduce is still in flight: call wait() first")
-        return self.out.reshape(self.shape)
+        return self._give(self.out.reshape(self.shape))
 
 
 def ring_all_reduce_start(comm, x, op="sum", tag=None, check=True):
@@ -195,15 +208,11 @@ class RingReduceScatter(RingAllReduce):
         if self.size == 1:
             self._complete()
 
-    def wait(self):
-        super().wait()
-        return self.result
-
     @property
     def result(self):
         if not self.done:
             raise RuntimeError("the reduce-scatter is still in flight: call wait() first")
-        return self._chunk(self.out, self.rank)
+        return self._give(self._chunk(self.out, self.rank))
 
 
 class RingAllGather(RingAllReduce):
@@ -221,7 +230,8 @@ class RingAllGather(RingAllReduce):
             counter = _counter(comm)
             tag = TAG_BASE + next(counter) % TAG_SPAN
         self.tag = tag
-        chunk = np.asarray(chunk).reshape(-1)
+        chunk, self._back = arrive(chunk)
+        chunk = asarray(chunk).reshape(-1)
         refuse(comm, chunk, "ring_all_gather_start", op="sum")
         self.bounds = chunk_bounds(n, self.size)
         lo, hi = self.bounds[self.rank], self.bounds[self.rank + 1]
@@ -229,7 +239,8 @@ class RingAllGather(RingAllReduce):
             raise ValueError(f"rank {self.rank} brings {chunk.size} values; chunk {self.rank} of "
                              f"{n} has {hi - lo}")
         self.shape = (n,)
-        self.src = self.out = np.empty(n, chunk.dtype)
+        self.xp, self._given = namespace(chunk), None
+        self.src = self.out = self.xp.empty(n, chunk.dtype)
         self.out[lo:hi] = chunk                   # my own piece, in its place
         self.step, self.n_steps = self.size - 1, 2 * (self.size - 1)   # phase two only
         self.requests, self.recv_c = [], None
@@ -240,7 +251,7 @@ class RingAllGather(RingAllReduce):
 
 def ring_reduce_scatter_start(comm, x, op="sum", tag=None, check=True):
     """Start a non-blocking ring reduce-scatter of x (flat); wait() returns this rank's chunk."""
-    return RingReduceScatter(comm, np.asarray(x).reshape(-1), op, tag, check)
+    return RingReduceScatter(comm, asarray(x).reshape(-1), op, tag, check)
 
 
 def ring_all_gather_start(comm, chunk, n, tag=None):

@@ -16,13 +16,18 @@ parallelism needs (each rank sends each expert's owner however many tokens chose
 Every rank first tells each partner how many rows are coming (one int64 per pair,
 counted under "check"), then the rows travel. Each rank sends the sum over
 destinations j != rank of its chunk j's bytes: rows_j x row size x itemsize.
+
+Host or device arrays (minidist/comm/staging.py), each returned in the kind it came in.
+recv is given no array: it returns a host array, or a device one with device=True.
 """
 import numpy as np
 
-from minidist.comm import stats
+from minidist import backend
+from minidist.comm import staging, stats
 from minidist.comm.checks import (DESC_LEN, PROBLEMS, MismatchError, describe, dtype_of, exchange, gather,
                                   kind_code, local_problem, post, shape_of, verify, wire)
 from minidist.comm.collectives import TAG_ALL_TO_ALL, chunk_bounds, sendrecv
+from minidist.comm.staging import asarray, contiguous, namespace, staged
 from minidist.comm.watchdog import waiting
 
 MAX_USER_TAG = 19999
@@ -33,10 +38,11 @@ def _check_tag(tag):
         raise ValueError(f"tag must be in 0..{MAX_USER_TAG} (higher tags belong to the collectives), not {tag}")
 
 
+@staged
 def send(comm, x, dest, tag=0):
     """Send array x to rank dest (blocking until x may be reused)."""
     _check_tag(tag)
-    x = np.asarray(x, order="C")
+    x = contiguous(x)
     problem = local_problem(x)
     if problem:
         raise ValueError(f"send: an array of shape {x.shape} and dtype {x.dtype}: {PROBLEMS[problem]}")
@@ -48,8 +54,9 @@ def send(comm, x, dest, tag=0):
     stats.add("send", sent=x.nbytes, messages=1, calls=1)
 
 
-def recv(comm, source, tag=0):
-    """Receive the array rank `source` sends with send(comm, x, dest, tag)."""
+def recv(comm, source, tag=0, device=False):
+    """Receive the array rank `source` sends with send(comm, x, dest, tag): a host array, or
+    with device=True a device array (on the CPU, device=True changes nothing)."""
     _check_tag(tag)
     header = np.empty(DESC_LEN, dtype=np.int64)
     with waiting(f"recv from rank {source}, tag {tag}"):
@@ -58,31 +65,34 @@ def recv(comm, source, tag=0):
         if header[7] != kind_code("send"):
             raise ValueError(f"recv: the message from rank {source} with tag {tag} is not the "
                              "header of a minidist send (did it use comm.Send directly?)")
-        out = np.empty(shape_of(header), dtype_of(header))
+        xp = backend.xp if device and staging.DIRECT else np   # where MPI writes it
+        out = xp.empty(shape_of(header), dtype_of(header))
         comm.Recv(wire(out), source, tag)
     stats.add("recv", recv=out.nbytes, calls=1)
-    return out
+    return backend.to_device(out) if device and not staging.DIRECT else out
 
 
+@staged
 def all_to_all(comm, x, axis=0):
     """Rank j gets chunk j of every rank's x (array_split along axis), joined in rank order.
 
     Ranks' lengths along `axis` may differ (the check all-gathers them anyway), the
     other dimensions and the dtype must agree.
     """
-    x = np.asarray(x)
+    x = asarray(x)
+    xp = namespace(x)
     with stats.counting("all_to_all"), waiting("all_to_all"):
         table = exchange(comm, x, "all_to_all", axis=axis, same_axis=False)
         size, rank = comm.Get_size(), comm.Get_rank()
         axis %= x.ndim
-        rows = np.asarray(np.moveaxis(x, axis, 0), order="C")
+        rows = xp.asarray(xp.moveaxis(x, axis, 0), order="C")
         row = int(np.prod(rows.shape[1:], dtype=np.int64))
         # what I send: chunk j of my rows goes to rank j
         send_bounds = chunk_bounds(rows.shape[0], size)
         # what I get: from rank i, chunk `rank` of rank i's rows, placed in rank order
         got = [np.diff(chunk_bounds(shape_of(table[i])[axis], size))[rank] for i in range(size)]
         recv_bounds = np.concatenate([[0], np.cumsum(got)]).astype(int)
-        out = np.empty((int(recv_bounds[-1]),) + rows.shape[1:], dtype=x.dtype)
+        out = xp.empty((int(recv_bounds[-1]),) + rows.shape[1:], dtype=x.dtype)
         src, dst = rows.reshape(-1), out.reshape(-1)
         piece = lambda a, b, j: a[b[j] * row:b[j + 1] * row]
         piece(dst, recv_bounds, rank)[:] = piece(src, send_bounds, rank)   # my own chunk stays
@@ -91,7 +101,7 @@ def all_to_all(comm, x, axis=0):
             # step k: send rank+k its chunk while rank-k sends me mine
             sendrecv(comm, piece(src, send_bounds, to), to,
                      piece(dst, recv_bounds, frm), frm, TAG_ALL_TO_ALL)
-        return np.asarray(np.moveaxis(out, 0, axis), order="C")
+        return xp.asarray(xp.moveaxis(out, 0, axis), order="C")
 
 
 def _uneven_chunks(chunks, size):
@@ -108,6 +118,7 @@ def _uneven_chunks(chunks, size):
     return ""
 
 
+@staged
 def all_to_all_v(comm, send_chunks):
     """Rank j gets send_chunks[j] of every rank; returns the N arrays received, the one
     from rank i at index i. Chunks may have any number of rows (0 included); the rows'
@@ -117,7 +128,7 @@ def all_to_all_v(comm, send_chunks):
     counts, then N-1 pairwise steps of rows; my own chunk is copied.
     """
     size, rank = comm.Get_size(), comm.Get_rank()
-    chunks = [np.asarray(c, order="C") for c in send_chunks]
+    chunks = [contiguous(c) for c in send_chunks]
     with stats.counting("all_to_all"), waiting("all_to_all_v"):
         # agree on dtype and row shape; a rank whose own chunks disagree says so to all
         uneven = _uneven_chunks(chunks, size)
@@ -147,7 +158,8 @@ def all_to_all_v(comm, send_chunks):
         out[rank] = chunks[rank].copy()                 # my own chunk stays
         for k in range(1, size):
             to, frm = (rank + k) % size, (rank - k) % size
-            out[frm] = np.empty((int(got[frm]),) + chunks[rank].shape[1:], chunks[rank].dtype)
+            out[frm] = namespace(chunks[rank]).empty((int(got[frm]),) + chunks[rank].shape[1:],
+                                                     chunks[rank].dtype)
             # step k: send rank+k its rows while rank-k sends me mine
             sendrecv(comm, chunks[to], to, out[frm], frm, TAG_ALL_TO_ALL)
         return out

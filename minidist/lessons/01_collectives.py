@@ -13,6 +13,11 @@ why the ring wins for large arrays and loses for tiny ones.
 
 Nothing here trains: the report's "parallel" and "steps" are null, "match" means every
 collective agreed with one process and every byte count equalled its formula.
+
+On a device (MINIDIST_DEVICE=cuda, or strict: the CPU double of one) every collective is
+given this rank's input on the device and gives its result back there; the copies it makes
+through the host (minidist/comm/staging.py) are counted per call and priced over PCIe:
+figures["host_device_bytes_per_call"] (0 on the CPU, where nothing crosses).
 """
 import math
 import os
@@ -21,10 +26,13 @@ import re
 import numpy as np
 from mpi4py import MPI
 
+from minidist import transfers
+from minidist.backend import DEVICE, on_device, to_device, to_numpy
 from minidist.comm import (all_reduce, all_to_all, broadcast, chunk_bounds, mpi_all_reduce,
                            naive_all_reduce, rabenseifner_all_reduce,
                            recursive_doubling_all_reduce, reduce,
-                           ring_all_gather, ring_all_reduce, ring_reduce_scatter, stats, tuning)
+                           ring_all_gather, ring_all_reduce, ring_reduce_scatter, staging, stats,
+                           tuning)
 from minidist.lessons import harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.plan.collectives import (ALL_REDUCE_TIMES, BUS_FACTOR, alpha_beta_terms, crossover,
@@ -95,30 +103,45 @@ def draw_ring(n):
 def key(label):
     """'all_reduce (recursive doubling)' -> 'all_reduce_recursive_doubling' (the JSON's keys)."""
     name, how = label.split(" ", 1)
-    how = how.strip("()").replace(" ", "_")
+    how = how.strip("()").replace("MPI's own", "mpi").replace(" ", "_")
     return name if how in ("ring", "linear", "pairwise") else f"{name}_{how}"
 
 
-def cases(comm, x):
-    """(label, run, single-process answer from all ranks' inputs) for every collective."""
+def cases(comm):
+    """(label, this rank's input picked from all ranks' inputs, the call on it, the single-process
+    answer from all ranks' inputs) for every collective."""
     n, r = comm.Get_size(), comm.Get_rank()
+    mine, total = (lambda a: a[r]), (lambda a: np.sum(a, 0))
     return [
-        ("all_reduce (ring)", lambda a: ring_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
-        ("all_reduce (naive)", lambda a: naive_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
-        ("all_reduce (recursive doubling)", lambda a: recursive_doubling_all_reduce(comm, a[r]),
-         lambda a: np.sum(a, 0)),
-        ("all_reduce (rabenseifner)", lambda a: rabenseifner_all_reduce(comm, a[r]),
-         lambda a: np.sum(a, 0)),
-        ("all_reduce (MPI's own)", lambda a: mpi_all_reduce(comm, a[r]), lambda a: np.sum(a, 0)),
-        ("reduce_scatter (ring)", lambda a: ring_reduce_scatter(comm, a[r]),
+        ("all_reduce (ring)", mine, lambda x: ring_all_reduce(comm, x), total),
+        ("all_reduce (naive)", mine, lambda x: naive_all_reduce(comm, x), total),
+        ("all_reduce (recursive doubling)", mine, lambda x: recursive_doubling_all_reduce(comm, x),
+         total),
+        ("all_reduce (rabenseifner)", mine, lambda x: rabenseifner_all_reduce(comm, x), total),
+        ("all_reduce (MPI's own)", mine, lambda x: mpi_all_reduce(comm, x), total),
+        ("reduce_scatter (ring)", mine, lambda x: ring_reduce_scatter(comm, x),
          lambda a: np.array_split(np.sum(a, 0), n)[r]),
-        ("all_gather (ring)", lambda a: ring_all_gather(comm, np.array_split(a[r], n)[r]),
+        ("all_gather (ring)", lambda a: np.array_split(a[r], n)[r], lambda x: ring_all_gather(comm, x),
          lambda a: np.concatenate([np.array_split(a[i], n)[i] for i in range(n)])),
-        ("broadcast (linear)", lambda a: broadcast(comm, a[r], root=0), lambda a: a[0]),
-        ("reduce (linear)", lambda a: reduce(comm, a[r], root=0), lambda a: np.sum(a, 0) if r == 0 else None),
-        ("all_to_all (pairwise)", lambda a: all_to_all(comm, a[r]),
+        ("broadcast (linear)", mine, lambda x: broadcast(comm, x, root=0), lambda a: a[0]),
+        ("reduce (linear)", mine, lambda x: reduce(comm, x, root=0),
+         lambda a: np.sum(a, 0) if r == 0 else None),
+        ("all_to_all (pairwise)", mine, lambda x: all_to_all(comm, x),
          lambda a: np.concatenate([np.array_split(a[i], n)[r] for i in range(n)])),
     ]
+
+
+def on_this_device(a):
+    """This rank's input where the model's arrays live: on the device (a counted copy) under
+    MINIDIST_DEVICE=cuda or strict, the host array itself on the CPU."""
+    return to_device(a)
+
+
+def came_back(got, given):
+    """(the result as a host array for comparing, whether it came back in the input's kind)."""
+    if got is None:
+        return None, True
+    return to_numpy(got), on_device(got) == on_device(given)
 
 
 def all_inputs(n, length, dtype, seed):
@@ -189,9 +212,11 @@ def main(args):
     # 1. correct? an odd length, so chunks are uneven, against one process and against MPI
     length = 1000 * n + 3
     xs = all_inputs(n, length, dtype, args.seed)
-    errors, worst_abs = {}, 0.0
-    for label, run, want in cases(comm, xs):
-        got = run(xs)
+    errors, worst_abs, kinds_ok = {}, 0.0, True
+    for label, pick, run, want in cases(comm):
+        x = on_this_device(pick(xs))
+        got, same_kind = came_back(run(x), x)
+        kinds_ok = kinds_ok and same_kind
         errors[label] = rel_to(got, want(xs))
         if got is not None and want(xs) is not None:
             worst_abs = max(worst_abs, float(np.max(np.abs(got - want(xs)), initial=0.0)))
@@ -210,15 +235,23 @@ def main(args):
     big = all_inputs(n, count, dtype, args.seed + 1)
     M = count * dtype.itemsize
     expect = formulas(n, M)
-    measured, rows = {}, []
-    for label, run, _ in cases(comm, big):
+    measured, staged, rows = {}, {}, []
+    for label, pick, call, _ in cases(comm):
+        x = on_this_device(pick(big))
+        run = lambda x=x, call=call: call(x)      # noqa: E731  (this rank's input, where it lives)
+        before = transfers.snapshot()
         with stats.measure() as m:
-            run(big)
+            got = run()
+        after = transfers.snapshot()
+        copied = (after["h2d"] - before["h2d"]) + (after["d2h"] - before["d2h"])
+        # staged, a call copies its input home and its result back: in + out bytes
+        in_out = x.nbytes + (0 if got is None else got.nbytes) if staging_here(x) else 0
+        staged[label] = (int(max_over_ranks(comm, copied)), int(max_over_ranks(comm, in_out)))
         name = label.split(" ")[0]
         data = {k: v for k, v in m.items() if k != "check"}
         sent = max_over_ranks(comm, sum(v["bytes_sent"] for v in data.values()))
         msgs = max_over_ranks(comm, sum(v["messages"] for v in data.values()))
-        t = timed(comm, lambda: run(big), args.repeats)
+        t = timed(comm, run, args.repeats)
         algbw = M / t / 1e9
         busbw = algbw * BUS_FACTOR[name](n) if n > 1 else 0.0
         measured[label] = None if "MPI" in label else int(sent)
@@ -235,21 +268,66 @@ def main(args):
     say(f"    its algorithm is {mpi_library()}'s choice for this size, not necessarily a ring")
     say("    (docs/reference.md#the-alpha-beta-cost-model).")
 
+    staged_ok = where_the_transfers_are(staged, M)
+
     # 3. the alpha-beta model with this machine's alpha, beta and gamma: which algorithm when
-    figures = alpha_beta(comm, n, M, args.repeats)
+    figures = alpha_beta(comm, n, M, args.repeats) or {}
+    figures["host_device_bytes_per_call"] = {key(k): v[0] for k, v in staged.items()}
 
     tol = TOLERANCE[dtype.name]
     worst = max(errors.values())
     bytes_ok = all(measured[k] == expect[k] for k in measured if measured[k] is not None)
     verb = "equal" if bytes_ok else "DIFFER FROM"
     say(f"\nmeasured bytes {verb} the formulas (M divides by N and P)")
+    agreed_kinds = max_over_ranks(comm, 0.0 if kinds_ok else 1.0) == 0.0
+    if not agreed_kinds:
+        say("a collective returned a host array for a device input, or the reverse: WRONG")
     report = harness.new_report(
         "01_collectives", args, steps=None,
-        match=bool(worst <= tol and bytes_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
+        match=bool(worst <= tol and bytes_ok and agreed_kinds and staged_ok), max_rel_diff=worst, max_abs_diff=worst_abs, tolerance=tol,
         comm={"bytes_sent": {key(k): v for k, v in measured.items() if v is not None},
               "expected_bytes": {key(k): v for k, v in expect.items() if v is not None}},
         figures=figures)
     return harness.finish(report, args)
+
+
+# ----------------------------------------------------------------------------- the host <-> device copies
+
+# What a copy between host and device costs, per direction: figures of the hardware, not
+# measured here. PCIe 4.0 x16 moves 16 GT/s x 16 lanes, 128b/130b encoded: 31.5 GB/s each way
+# (PCI-SIG's rate; NVIDIA's A100 datasheet: "PCIe Gen4: 64 GB/s", both ways together); PCIe
+# 5.0 doubles it (H100 SXM datasheet: "PCIe Gen5: 128 GB/s"). 25 GB/s is this lesson's round
+# figure for what one copy reaches of the 31.5.
+PCIE4_BYTES_PER_S = 25e9
+
+
+def staging_here(x):
+    """True when a collective given x copies it through the host (minidist/comm/staging.py)."""
+    return on_device(x) and not staging.DIRECT
+
+
+def where_the_transfers_are(staged, M):
+    """Print the host <-> device bytes each call copied (busiest rank) beside in + out, and
+    their time over PCIe 4.0 x16. Returns True when every count equals its formula."""
+    ok = all(copied == in_out for copied, in_out in staged.values())
+    if DEVICE == "cpu":
+        say("\n(on a device each call would also copy its input to the host and its result back:")
+        say(" run with MINIDIST_DEVICE=strict to count them; on the CPU nothing crosses)")
+        return ok
+    how = "direct: MPI reads device memory" if staging.DIRECT else "staged through the host"
+    say(f"\nhost <-> device copies per call on M = {fmt_bytes(M)}, busiest rank ({how})")
+    harness.table([[label, fmt_bytes(copied), fmt_bytes(in_out), f"{copied / PCIE4_BYTES_PER_S * 1e6:.1f}"]
+                   for label, (copied, in_out) in staged.items()],
+                  header=["collective", "copied", "in + out", "us at 25 GB/s"])
+    say("  MPI here moves host memory only: a device array comes to the host (device to host) and")
+    say("  the result goes back (host to device), in + out bytes per call, over PCIe on most")
+    say("  machines. PCIe 4.0 x16 carries 31.5 GB/s each way (PCI-SIG's rate; 5.0 doubles it); the")
+    say("  last column prices the copies at 25 GB/s, this lesson's round figure for one copy. These")
+    say("  are figures of the hardware, not measured here. A CUDA-aware MPI (or NCCL) reads device")
+    say("  memory itself, over NVLink inside a node (H100 SXM: 900 GB/s, both ways together, in")
+    say("  NVIDIA's datasheet) and GPUDirect RDMA between nodes: no copies (staging.py's direct path).")
+    say(f"copies {'equal' if ok else 'DIFFER FROM'} in + out for every collective")
+    return ok
 
 
 def mpi_library():
