@@ -19,7 +19,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import stats
+from minidist import backend, equivalence
+from minidist.comm import staging, stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
 from minidist.model import GPT
@@ -53,6 +54,7 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
     MEMORY.reset_peak()
     with stats.measure() as m:
         losses, state, times = common.train_and_collect(model, runner, data, args, tc, rows, args.grad_accum, dp)
+    moved = equivalence.host_device_bytes_per_step()     # this stage's run (0 on the CPU)
     state["loss"] = common.mpi_reduce(comm, losses, "sum") / world
     ref_state = {k: reference_slice(k, ref[1]) for k in state if k != "loss"}
     ref_state["loss"] = np.array(ref[0])
@@ -86,7 +88,7 @@ def run_stage(stage, overlap, args, cfg, data, rows, comm, ref):
                                                     split["full"]), rel=float(common.mpi_reduce(comm, rel)), abs=float(common.mpi_reduce(comm, abs_diff)),
                 losses=list(state["loss"]), mem=mem, formula=engine_state_bytes(stage, psi, world, item),
                 sent=sent, exact=exact, paper=zero_bytes(stage, psi, world, item, args.grad_accum, root),
-                psi=psi, root=root, time=float(common.mpi_reduce(comm, float(np.median(times)))))
+                psi=psi, root=root, moved=moved, time=float(common.mpi_reduce(comm, float(np.median(times)))))
 
 
 def peak_grad_formula(stage, overlap, psi, n, item, k, root, block, filling=0):
@@ -179,6 +181,17 @@ def main(args):
         say(f"  stage 3: gather for forward, again for backward, reduce-scatter: 3 Psi, less the root unit\n  ({root:,} "
             "parameters: embeddings, ln_f), which stays gathered from forward to backward because the\n  head tied "
             "to wte is backward's first op")
+    if backend.DEVICE != "cpu":        # nothing crosses on the CPU: said on a device only
+        staged = {0: "2 Psi (all-reduce: M down, M up)", 1: "2 Psi + 2 Psi/N (M down + M/N up, or back)",
+                  3: "(3 Psi - root)(1 + 1/N)"}
+        how = ("MPI reads device memory\n(CUDA-aware): only token ids in and the loss out" if staging.DIRECT else
+               "each collective staged through the\nhost, plus token ids in and the loss out")
+        say(f"\nhost<->device bytes per step on this rank, by stage: {how} (Psi bytes: Psi x itemsize)")
+        for r in rows_out:
+            plain = args.grad_accum == 1 and not staging.DIRECT     # the rules hold for one micro-batch
+            rule = staged[min(r["stage"], 1) if r["stage"] < 3 else 3] if plain else ""
+            say(f"  stage {r['name']:<9} {r['moved']:>10,.0f} = {r['moved'] / (r['psi'] * item):.2f} x Psi bytes  "
+                f"{rule}".rstrip())
     rel = max(r["rel"] for r in rows_out)
     match = bool(rel <= tol and all(sum(r["sent"].values()) == sum(r["exact"].values()) for r in rows_out))
     say(f"\nlosses: reference {', '.join(f'{v:.6f}' for v in ref[0])}; tolerance {tol:.0e} per tensor")
@@ -194,6 +207,7 @@ def main(args):
         figures[f"{key}_bytes_sent"] = sum(r["sent"].values())
         figures[f"{key}_bytes_paper"] = r["paper"]
         figures[f"{key}_max_rel_diff"] = r["rel"]
+        figures[f"{key}_host_device_bytes_per_step"] = r["moved"]
     report = harness.new_report(
         "05_zero", args, parallel={"dp": world, "tp": 1, "pp": 1, "zero_stage": args.stage,
                                    "grad_accum": args.grad_accum, "overlap": bool(args.overlap)},

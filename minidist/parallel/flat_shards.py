@@ -15,9 +15,15 @@ zero and fsdp re-export them under the names the exercises and the grader use
 fsdp.free_params): the very same objects. Each caller looks a name up in its module's
 globals when it calls, so the grader's plug-in, which replaces every minidist attribute
 holding an answer, reaches every call.
+
+Every buffer here is made with xp: on a device the flat gradients, partitions, shards and
+gathered units are device arrays, and the ring collectives stage them through host memory
+unless MPI is CUDA-aware (comm/staging.py): M + M/N bytes across PCIe for a reduce-scatter
+or an all-gather of M bytes. Offsets, partitions and shapes are host ints.
 """
 import numpy as np
 
+from minidist.backend import xp
 from minidist.comm import ring_all_gather, ring_reduce_scatter
 from minidist.nn import Parameter
 
@@ -73,12 +79,12 @@ class Group:
             self.names_of_pieces.append(f"{name}[{a}:{b}]")
 
     def flat_data(self):
-        return np.concatenate([p.data.reshape(-1) for p in self.params]) if self.params else np.zeros(0)
+        return xp.concatenate([p.data.reshape(-1) for p in self.params]) if self.params else xp.zeros(0)
 
     def flat_grads(self, drop=True):
         """The model's gradients of this group end to end (zeros where none); with `drop`
         the full-size gradients go as they are copied (stages 2, 3)."""
-        flat = np.zeros(self.n, self.reduce_dtype or self.dtype)
+        flat = xp.zeros(self.n, self.reduce_dtype or self.dtype)
         for p, off in zip(self.params, self.offsets):
             if p.grad is not None:
                 flat[off:off + p.grad.size] = p.grad.reshape(-1)
@@ -133,7 +139,7 @@ def gather_params(comm, group):
 def free_params(group):
     """Point a unit's parameters at an empty array: the gathered buffer goes (nodes of the
     graph saved these parameters by reference, context.ON_DEMAND). (Exercise 6.2.)"""
-    empty = EMPTY.setdefault(group.dtype, np.empty(0, group.dtype))
+    empty = EMPTY.setdefault(group.dtype, xp.empty(0, group.dtype))
     for p in group.params:
         p.data = empty
 

@@ -34,6 +34,10 @@ takes the units as an argument. Each file keeps one topic: zero.py the sharded o
 this one when units are gathered and freed. Flat buffers rather than each
 parameter split along dim 0 (FSDP2): one message per unit, and the same partitioning as
 stages 1 and 2, so one exercise covers both.
+
+On a device the shards and gathered units are device arrays (flat_shards.py). On the
+staged path (MPI without CUDA support, comm/staging.py) a prefetch's ring runs in a host
+buffer and its unit reaches the device at wait(); the bytes _measure counts are the same.
 """
 import contextlib
 import time

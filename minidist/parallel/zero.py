@@ -39,6 +39,10 @@ Offload (ZeRO-Infinity's NVMe tier, parallel/offload.py): `ZeRO(..., offload="di
 offload_dir=PATH, chunk_bytes=...)` keeps AdamW's m and v of my partition (and, at stage
 3, my shards) in numpy.memmap files, stepped chunk by chunk with the same bits; `close()`
 or a `with` block removes the files; `offload_bytes()` counts what the steps moved.
+
+On a device the partitions and buffers are device arrays (flat_shards.py); the one host
+number per step is the gradient norm's square (optim.grad_norm_sq brings one float home),
+summed over ranks with MPI's own Allreduce.
 """
 import contextlib
 
