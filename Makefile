@@ -89,5 +89,19 @@ bench: $(SETUP)
 	$(PY) -m minidist.bench model
 	$(MPIRUN) -n 4 $(PY) -m minidist.bench collectives
 
+# On a GPU, not part of `make test`: the lessons, the device tests and the bench with
+# MINIDIST_DEVICE=cuda (minidist/gpu_check.py), verdicts and figures into gpu-check.json.
+# The GPU is looked for first: without one, one line and nothing built or run.
+.PHONY: gpu-check gpu-check-run
+gpu-check:
+	@if nvidia-smi -L 2>/dev/null | grep -q GPU; then $(MAKE) --no-print-directory gpu-check-run; \
+	else echo "make gpu-check: no GPU on this machine (nvidia-smi lists none): nothing was run"; fi
+
+gpu-check-run: $(SETUP)
+	@test -z "$(SETUP)" || $(PY) -c "import cupy" 2>/dev/null || { \
+	  echo "installing CuPy (the gpu extra) into $(VENV)"; \
+	  $(PY) -m pip install -q -e '.[$(MPI),test,gpu]'; }
+	MINIDIST_DEVICE=cuda $(PY) -m minidist.gpu_check --json gpu-check.json
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .test-logs

@@ -1,31 +1,41 @@
-"""Time one GPT training step (forward, backward, AdamW) beside PyTorch eager on the CPU.
+"""Time one GPT training step (forward, backward, AdamW) beside PyTorch eager, CPU or GPU.
 
     make bench                                   # sets one BLAS thread, then runs:
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 python -m minidist.bench model --steps 10
+    python -m minidist.bench model --device cuda --peak-tflops 67   # on a GPU (make gpu-check)
 
 The model: n_layer=4, n_head=8, n_embd=256, block_size=128, batch 8, vocab 256. When
 `import torch` works, the same model (same initial weights, nn.Linear weights
 transposed) is built in PyTorch and the two steps alternate, so both see the same
 machine state; the ratio minidist / torch is printed. BLAS threads are fixed when the
 library loads, so set the environment variables before Python starts (make does).
-MFU uses 6N + 12 L H Q T FLOPs per token and a peak measured here by a matrix product.
+MFU uses 6N + 12 L H Q T FLOPs per token and a peak measured here by a matrix product, or
+the one --peak-tflops gives (on a GPU its datasheet figure, which make gpu-check passes).
+
+--device (cpu, cuda or strict, default MINIDIST_DEVICE) sets MINIDIST_DEVICE before
+minidist.backend is imported. On a device the batch is moved there once, before the timed
+steps, and PyTorch runs on CUDA when torch.cuda is available, not at all otherwise.
 """
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 
 import numpy
 
-from minidist import metrics
-from minidist.backend import dtype_of, synchronize
-from minidist.model import GPT, GPTConfig
+from minidist.cli import json_problem, positive_float
+
+DEVICES = ("cpu", "cuda", "strict")
 
 CONFIG = dict(n_layer=4, n_head=8, n_embd=256, block_size=128, vocab_size=256, dropout=0.0, bias=True)
 BATCH = 8
 
 
 def minidist_step(model, opt, x, y):
+    from minidist.backend import synchronize
+
     def step():
         _, loss = model(x, y)
         loss.backward()
@@ -36,9 +46,10 @@ def minidist_step(model, opt, x, y):
     return step
 
 
-def torch_step(model, state, config, x, y):
-    """The same GPT in PyTorch eager, weights copied from `state` (nanoGPT names)."""
+def torch_step(model, state, config, x, y, device="cpu"):
+    """The same GPT in PyTorch eager on `device`, weights copied from `state` (nanoGPT names)."""
     import torch
+    from minidist.backend import to_numpy
     import torch.nn as tnn
     import torch.nn.functional as F
     torch.set_num_threads(1)
@@ -71,7 +82,7 @@ def torch_step(model, state, config, x, y):
 
         def forward(self, idx, targets):
             T = idx.shape[1]
-            x = self.wte(idx) + self.wpe(torch.arange(T))
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
             for b in self.h:
                 x = b(x)
             logits = self.ln_f(x) @ self.wte.weight.T
@@ -84,10 +95,12 @@ def torch_step(model, state, config, x, y):
             tname = name.replace("transformer.", "")
             for ours, theirs in rename.items():
                 tname = tname.replace(ours, theirs)
+            a = to_numpy(a)
             t = torch.from_numpy(numpy.ascontiguousarray(a.T if a.ndim == 2 and "wte" not in name and "wpe" not in name else a))
             dict(tm.named_parameters())[tname].copy_(t)
+    tm = tm.to(device)
     opt = torch.optim.AdamW(tm.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
     def step():
         loss = tm(tx, ty)
@@ -98,13 +111,36 @@ def torch_step(model, state, config, x, y):
     return step
 
 
+def select_device(flag):
+    """None once MINIDIST_DEVICE says `flag` (set here when minidist.backend is not imported
+    yet), else the one line that refuses the clash."""
+    env = os.environ.get("MINIDIST_DEVICE")
+    backend = sys.modules.get("minidist.backend")
+    if backend is not None and backend.DEVICE != flag:
+        return f"--device {flag}: this process already runs on {backend.DEVICE}"
+    if env is not None and env.lower() != flag:
+        return f"--device {flag} but MINIDIST_DEVICE={env}: give one of them, or the same device"
+    os.environ["MINIDIST_DEVICE"] = flag
+    return None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m minidist.bench model", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps (each framework)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--no-torch", action="store_true", help="time minidist alone")
+    p.add_argument("--device", choices=DEVICES, help="where minidist's arrays live (default: MINIDIST_DEVICE, else cpu)")
+    p.add_argument("--peak-tflops", type=positive_float, help="the peak for MFU (default: measured here)")
+    p.add_argument("--json", metavar="PATH", help="write the step time, tokens/s and MFU as JSON")
     args = p.parse_args(argv)
+    problem = (select_device(args.device) if args.device else None) or (args.json and json_problem(args.json))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    from minidist import metrics                    # after MINIDIST_DEVICE is settled
+    from minidist.backend import DEVICE, dtype_of, synchronize, to_device
+    from minidist.model import GPT, GPTConfig
     if os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: OMP_NUM_THREADS is not 1; BLAS may use several threads (make bench sets it)")
 
@@ -113,13 +149,15 @@ def main(argv=None):
     rng = numpy.random.default_rng(0)
     x = rng.integers(0, config.vocab_size, (BATCH, config.block_size))
     y = rng.integers(0, config.vocab_size, (BATCH, config.block_size))
-    steps = {"minidist": minidist_step(model, model.configure_optimizers(0.1, 1e-3), x, y)}
+    steps = {"minidist": minidist_step(model, model.configure_optimizers(0.1, 1e-3), to_device(x), to_device(y))}
     state = model.state_dict()
     if not args.no_torch:
         try:
-            steps["torch"] = torch_step(None, state, config, x, y)
+            steps["torch"] = torch_step(None, state, config, x, y, **torch_device(DEVICE))
         except ImportError:
             print("torch is not importable: timing minidist alone")
+        except LookupError as e:
+            print(e)
 
     first = {name: step() for name, step in steps.items()}          # same weights: same loss
     if "torch" in first:
@@ -137,10 +175,15 @@ def main(argv=None):
     tokens = BATCH * config.block_size
     n = model.get_num_params(non_embedding=True)
     flops = metrics.flops_per_token(config, n)
-    peak = metrics.measure_peak_flops(dtype_of(args.dtype))
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else metrics.measure_peak_flops(dtype_of(args.dtype))
     print(f"GPT L={config.n_layer} H={config.n_head} C={config.n_embd} T={config.block_size} B={BATCH} "
           f"{args.dtype}, N={n:,} parameters, {flops / 1e6:.1f} MFLOP/token")
-    print(f"peak {peak / 1e9:.1f} GFLOP/s, measured here by a matrix product")
+    if DEVICE != "cpu":
+        print(f"device: {DEVICE} (MINIDIST_DEVICE)")
+    if args.peak_tflops:
+        print(f"peak {args.peak_tflops:g} TFLOP/s, given by --peak-tflops")
+    else:
+        print(f"peak {peak / 1e9:.1f} GFLOP/s, measured here by a matrix product")
     med = {name: statistics.median(t) for name, t in times.items()}
     for name, m in med.items():
         tps = tokens / m
@@ -148,7 +191,27 @@ def main(argv=None):
               f"MFU {metrics.mfu(tps, flops, peak) * 100:5.1f}%")
     if "torch" in med:
         print(f"    ratio: minidist / torch = {med['minidist'] / med['torch']:.2f}")
+    if args.json:
+        m = med["minidist"]
+        out = dict(device=DEVICE, dtype=args.dtype, step_time_s=m, tokens_per_s=tokens / m,
+                   mfu=metrics.mfu(tokens / m, flops, peak), peak_flops=peak,
+                   peak_source="--peak-tflops" if args.peak_tflops else "measured by a matrix product",
+                   torch_step_time_s=med.get("torch"))
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
     return 0
+
+
+def torch_device(device):
+    """{'device': torch's device} for minidist's; LookupError when PyTorch cannot follow it
+    (ImportError when torch is missing: the caller says so)."""
+    if device == "cpu":
+        return {"device": "cpu"}
+    import torch
+    if device == "cuda" and torch.cuda.is_available():
+        return {"device": "cuda"}
+    raise LookupError(f"torch has no CUDA here: timing minidist alone on {device}")
 
 
 if __name__ == "__main__":
