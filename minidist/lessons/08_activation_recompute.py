@@ -34,6 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import recompute
+from minidist.backend import to_device
 from minidist.comm import ProcessGrid, stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
@@ -86,13 +87,14 @@ def blocks_peak(model, b, seed):
     cfg = model.config
     blocks = model.blocks() if hasattr(model, "blocks") else model.transformer.h
     g = np.random.default_rng(seed)
-    leaf = Tensor(g.standard_normal((b, cfg.block_size, cfg.n_embd)).astype(cfg.dtype), requires_grad=True)
+    x = to_device(g.standard_normal((b, cfg.block_size, cfg.n_embd)).astype(cfg.dtype))   # the blocks' input
+    leaf = Tensor(x, requires_grad=True)
     rng = DropoutRNG(seed, 0, range(b)) if cfg.dropout > 0 else None
     extra = (None,) if isinstance(model, TensorParallelGPT) else ()      # seq: no sequence parallelism
     MEMORY.reset_peak()
     base = MEMORY.live_bytes
     y = recompute.run_blocks(model.recompute, blocks, leaf.reshape(leaf.shape), rng, *extra)
-    y.backward(g.standard_normal(y.shape).astype(cfg.dtype))
+    y.backward(to_device(g.standard_normal(y.shape).astype(cfg.dtype)))     # as a stage receives it
     return MEMORY.peak_bytes - base
 
 

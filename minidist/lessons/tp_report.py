@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import chunk_bounds, stats
+from minidist.backend import to_device, to_numpy, xp
 from minidist.data import decode
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
@@ -36,7 +37,7 @@ def activation_table(cfg, b, tp_comm, seed):
     TP + SP per rank times t against one process. Returns (every measurement equals the
     count and the identity holds, figures)."""
     s, h, a, t, item = cfg.block_size, cfg.n_embd, cfg.n_head, tp_comm.Get_size(), np.dtype(cfg.dtype).itemsize
-    x = np.random.default_rng(seed).standard_normal((b, s, h)).astype(cfg.dtype)
+    x = to_device(np.random.default_rng(seed).standard_normal((b, s, h)).astype(cfg.dtype))  # the layer's input
     lo, hi = sequence_bounds(s, tp_comm)
 
     def rng():
@@ -171,7 +172,7 @@ def generation_report(model, ref, data, n, grid):
         t0 = time.perf_counter()
         toks, logits = generate_greedy(ref, prompt, n)
         t_one[0] = time.perf_counter() - t0
-        ref_tokens[...], ref_logits[...] = toks, np.stack(logits)
+        ref_tokens[...], ref_logits[...] = toks, to_numpy(xp.stack(logits))   # home in one copy
     _idle_barrier(comm)
     for buf in (ref_tokens, ref_logits, t_one):
         comm.Bcast(buf, root=0)
@@ -182,13 +183,14 @@ def generation_report(model, ref, data, n, grid):
         t0 = time.perf_counter()
         tokens, logits = generate_greedy(model, prompt, n)
         t_tp = common.mpi_reduce(comm, time.perf_counter() - t0)
+    logits = to_numpy(xp.stack(logits))                 # every step's logits home in one copy
     same = bool(common.mpi_reduce(comm, float(not np.array_equal(tokens, ref_tokens))) == 0)
 
     # logits of every step: my vocabulary columns against the same columns of one process
     lo, cols = model.lo, min(model.lo + logits[0].shape[-1], V) - model.lo
     rel = 0.0
     for mine, want in zip(logits, ref_logits):
-        mine, want = np.asarray(mine, np.float64)[:, :max(cols, 0)], want[:, lo:lo + max(cols, 0)]
+        mine, want = mine.astype(np.float64)[:, :max(cols, 0)], want[:, lo:lo + max(cols, 0)]
         d = float(np.abs(mine - want).max(initial=0.0))
         d, scale = common.mpi_reduce(grid.tp_comm, [d, float(np.abs(want).max(initial=0.0))])
         rel = max(rel, d / scale)

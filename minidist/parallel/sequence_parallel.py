@@ -32,7 +32,7 @@ the column-parallel layer behind the all-gather (attention's c_attn, the MLP's c
   re-gather behind the input-gradient GEMM, this engine runs it in turn).
 """
 from minidist import ops
-from minidist.backend import to_numpy, xp
+from minidist.backend import xp
 from minidist.comm import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.tensor import Function
 
@@ -47,11 +47,13 @@ def sequence_bounds(T, comm):
 
 
 def _reduce_scatter(comm, a):
-    return xp.asarray(ring_reduce_scatter(comm, to_numpy(a), op="sum", axis=SEQ_AXIS))
+    """Along the sequence, by the comm layer: device in, device out (minidist/comm/staging.py)."""
+    return ring_reduce_scatter(comm, a, op="sum", axis=SEQ_AXIS)
 
 
 def _all_gather(comm, a):
-    return xp.asarray(ring_all_gather(comm, to_numpy(a), axis=SEQ_AXIS))
+    """Along the sequence, by the comm layer: device in, device out (minidist/comm/staging.py)."""
+    return ring_all_gather(comm, a, axis=SEQ_AXIS)
 
 
 class GatherFromSequence(Function):

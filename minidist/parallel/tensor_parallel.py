@@ -28,6 +28,11 @@ decoding two (the largest logit, then the smallest id that holds it). The vocabu
 padded to a multiple of t with zero rows, as Megatron does; padded columns count as
 logit -inf, so they never touch the loss, the gradients or the chosen tokens.
 
+On a device (MINIDIST_DEVICE=cuda, or the strict double) the layers compute with xp and
+hand device arrays to the comm layer, which stages them through the host or gives them
+to a CUDA-aware MPI (minidist/comm/staging.py); split points, vocabulary ranges and
+padding are host ints, so no device number is read to decide a shape.
+
 The files of tensor parallelism, each one layer of the story:
     tensor_parallel.py    this file: the communication Functions and the parallel layers
     sequence_parallel.py  the all-gather / reduce-scatter pair that replaces f and g, and the
@@ -38,7 +43,7 @@ The files of tensor parallelism, each one layer of the story:
 import numpy as np
 
 from minidist import ops
-from minidist.backend import to_numpy, xp
+from minidist.backend import xp
 from minidist.comm import all_reduce, chunk_bounds
 from minidist.nn import Module
 from minidist.plan.rules import padded_vocab   # the planner counts the same padding (plan/rules.py)
@@ -48,7 +53,9 @@ from minidist.tensor import Function, Tensor
 
 
 def _all_reduce(comm, a, op="sum"):
-    return xp.asarray(all_reduce(comm, to_numpy(a), op=op))
+    """The comm layer's all-reduce: a device array in, a device array out (staged through the
+    host, counted, or handed to a CUDA-aware MPI: minidist/comm/staging.py); host in, host out."""
+    return all_reduce(comm, a, op=op)
 
 # On arrays, one function per direction: these are what the Functions below (and the
 # parallel layers) call, and what exercises 3.1-3.4 ask for
@@ -309,11 +316,12 @@ def vocab_parallel_cross_entropy_forward(comm, logits, targets, lo, vocab_size):
     Padded columns (ids >= vocab_size) count as logit -inf: probability 0, gradient 0.
     """
     n, Vl = logits.shape
+    first_pad = max(vocab_size - lo, 0)                         # host ints: no device number is read
     pad = (lo + xp.arange(Vl)) >= vocab_size
-    local_max = (xp.where(pad, -xp.inf, logits) if pad.any() else logits).max(axis=1)
+    local_max = (xp.where(pad, -xp.inf, logits) if first_pad < Vl else logits).max(axis=1)
     m = _all_reduce(comm, local_max, op="max")                  # (N,)
     probs = logits - m[:, None]                                 # a new array: logits stay as they are
-    probs[:, pad] = -xp.inf
+    probs[:, first_pad:] = -xp.inf
     inside = (targets >= lo) & (targets < lo + Vl)
     t_local = xp.where(inside, targets - lo, 0)
     mine = xp.where(inside, probs[xp.arange(n), t_local], 0.0)
@@ -372,7 +380,7 @@ def vocab_parallel_argmax(logits, lo, vocab_size, comm):
     whose every real logit is negative.
     """
     pad = (lo + xp.arange(logits.shape[-1])) >= vocab_size
-    x = xp.where(pad, -xp.inf, logits) if pad.any() else logits
+    x = xp.where(pad, -xp.inf, logits) if lo + logits.shape[-1] > vocab_size else logits   # host ints
     mine = x.argmax(axis=-1)                                            # (B,) first local maximum
     local_max = xp.take_along_axis(x, mine[:, None], axis=-1)[:, 0]
     m = _all_reduce(comm, local_max, op="max")

@@ -43,7 +43,7 @@ MoE is refused: each rank would route only its slice of the sequence.
 import numpy as np
 
 from minidist import ops, recompute
-from minidist.backend import to_numpy, xp
+from minidist.backend import on_device, to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
 from minidist.moe import MoEMLP
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
@@ -94,27 +94,39 @@ def shard_specs(config, t):
     return specs
 
 
+def kind_of(a):
+    """The array module `a` is made with: the device's for a device array (the model's
+    weights), NumPy for a host one (the pieces gathered home for comparing)."""
+    return xp if on_device(a) else np
+
+
 def shard(full, spec, rank, t):
-    """This rank's piece of a whole array (a copy); `spec` None means replicated."""
+    """This rank's piece of a whole array (a copy, of the same kind: device or host);
+    `spec` None means replicated."""
     if spec is None:
         return full.copy()
+    ns = kind_of(full)
     if spec.padded is not None and spec.padded != full.shape[spec.axis]:
         widths = [(0, 0)] * full.ndim
         widths[spec.axis] = (0, spec.padded - full.shape[spec.axis])
-        full = xp.pad(full, widths)
-    blocks = xp.split(full, spec.blocks, axis=spec.axis)
-    return xp.concatenate([split_for_rank(b, spec.axis, rank, t) for b in blocks], axis=spec.axis)
+        full = ns.pad(full, widths)
+    blocks = ns.split(full, spec.blocks, axis=spec.axis)
+    return ns.concatenate([split_for_rank(b, spec.axis, rank, t) for b in blocks], axis=spec.axis)
 
 
 def unshard(pieces, spec):
-    """The whole array from every rank's piece (in rank order), padding removed."""
+    """The whole array from every rank's piece (in rank order, all of one kind: device or
+    host), padding removed."""
     if spec is None:
         return pieces[0]
-    per_rank = [xp.split(p, spec.blocks, axis=spec.axis) for p in pieces]
-    whole = xp.concatenate([xp.concatenate([pr[b] for pr in per_rank], axis=spec.axis)
+    ns = kind_of(pieces[0])
+    per_rank = [ns.split(p, spec.blocks, axis=spec.axis) for p in pieces]
+    whole = ns.concatenate([ns.concatenate([pr[b] for pr in per_rank], axis=spec.axis)
                             for b in range(spec.blocks)], axis=spec.axis)
     if spec.size is not None:
-        whole = xp.take(whole, xp.arange(spec.size), axis=spec.axis)
+        index = [slice(None)] * whole.ndim
+        index[spec.axis] = slice(0, spec.size)
+        whole = whole[tuple(index)].copy()
     return whole
 
 
@@ -362,7 +374,8 @@ def check_sharded(model):
 
 
 def gather(comm, local, spec):
-    """The whole array from every rank's piece: MPI's own Allgather (buffers of one size).
+    """The whole array from every rank's piece, on the host: MPI's own Allgather (buffers
+    of one size) of the pieces brought home with to_numpy, joined by NumPy.
 
     For comparing and reporting only, so it bypasses minidist.comm and its byte counters.
     """
