@@ -43,6 +43,7 @@ on 4 ranks loads into one process, data parallelism on 3, FSDP on 3 or TP 2 x PP
 """
 import numpy as np
 
+from minidist.backend import to_device, to_numpy, xp
 from minidist.checkpoint import store
 from minidist.checkpoint.format import CheckpointError
 from minidist.checkpoint.index import check_against, load_index, resolve
@@ -126,8 +127,10 @@ def pieces_of(model, opt, comm, zero=None):
     """The pieces this rank writes (store.save's form), and the optimizer's step count."""
     held, states = held_pieces(model, opt, zero)
     step = _agreed_step(comm, _step_of(states))
+    # the one place a save crosses from device to host: each piece I write, brought home
+    # explicitly (to_numpy: counted on a device; on the CPU the array itself)
     out = [{"name": h.name, "global_shape": h.shape, "dtype": h.local.dtype,
-            "array": np.asarray(h.local, order="C"), **h.region} for h in writers(comm, held)]
+            "array": np.asarray(to_numpy(h.local), order="C"), **h.region} for h in writers(comm, held)]
     frozen = _agreed_step(comm, _v_step_of(_strategy(zero).checkpoint_optimizer(opt), states))
     if comm.Get_rank() == 0:     # (np.asarray keeps a 0-d array 0-d; ascontiguousarray would not)
         out.append({"name": STEP, "global_shape": (), "dtype": np.dtype(np.int64),
@@ -199,7 +202,7 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
         states = _states_of(target)
         for q in params:
             # v_step: v's bias-correction step, which is the step itself until v is frozen
-            states[id(q)] = {"step": step, "exp_avg": np.zeros_like(q.data), "exp_avg_sq": np.zeros_like(q.data),
+            states[id(q)] = {"step": step, "exp_avg": xp.zeros_like(q.data), "exp_avg_sq": xp.zeros_like(q.data),
                              "v_step": v_step or step}
         adamw = _adamw_of(target)
         if adamw is not None:
@@ -208,7 +211,9 @@ def load_into(ckpt, index, model, opt, zero=None, read=None):
     for h in held:
         if h.name.startswith("optim.") and not step:
             continue
-        h.local[...] = read(h.name, h.region).reshape(h.local.shape)
+        # the one place a load crosses from host to device: the region read from the files
+        # (to_device: counted on a device; on the CPU the array itself)
+        h.local[...] = to_device(read(h.name, h.region).reshape(h.local.shape))
     strategy.checkpoint_loaded()                # ZeRO 1, 2: the whole weights on every rank
     if zero is None and opt is not None:   # MixedPrecision: the masters rounded into the weights
         opt.checkpoint_loaded()
@@ -240,19 +245,20 @@ def state_pieces(comm, state):
     rank, size = comm.Get_rank(), comm.Get_size()
     out = []
     for name, a in sorted((state or {}).get("shared", {}).items()):
-        a = np.asarray(a)
+        a = to_numpy(a)              # a device array (a residual, a scale) comes home once
         if rank == 0:
             out.append({"name": f"run.{name}", "global_shape": a.shape, "dtype": a.dtype, "array": a,
                         "box": [[0, n] for n in a.shape]})
     for name, a in sorted((state or {}).get("per_rank", {}).items()):
-        a = np.asarray(a)
+        a = to_numpy(a)
         out.append({"name": f"rank.{name}", "global_shape": (size,) + a.shape, "dtype": a.dtype,
                     "array": a[None], "box": [[rank, rank + 1]] + [[0, n] for n in a.shape]})
     return out
 
 
 def read_state(comm, path):
-    """The run's other state saved with `state=`: ({name: shared array}, {name: this rank's row}).
+    """The run's other state saved with `state=`: ({name: shared array}, {name: this rank's row}),
+    host arrays (the caller sends what lives on the device there: backend.to_device).
 
     Per-rank state belongs to ranks: it loads only at the world size that saved it (the
     residuals of 4 ranks mean nothing to 3); at another size it is left out, and said so."""

@@ -21,9 +21,12 @@ which pieces, bytes per rank, time), what the killed save left behind and that t
 previous checkpoint still verifies, the load's time and the bytes it needed beside the
 bytes it read, and the verdict (after a MISMATCH, whether it looks like drift or a
 resume bug). With --offload disk: memory, bytes moved and the optimizer step's time with
-and without prefetching the next chunk. The checkpoints stay in --dir (by default a
+and without prefetching the next chunk. On a device (MINIDIST_DEVICE=strict or cuda): the
+host<->device bytes per step of each part, the bytes the last save brought home and the
+load sent (each piece crosses once, explicitly). The checkpoints stay in --dir (by default a
 temporary folder, removed however the run ends, SIGKILL aside).
 """
+import itertools
 import os
 import shutil
 import signal
@@ -35,6 +38,8 @@ import time
 
 import numpy as np
 
+from minidist import equivalence, transfers
+from minidist.backend import DEVICE
 from minidist.checkpoint import layouts, read as reader, store
 from minidist.checkpoint.index import load_index, resolve
 from minidist.checkpoint.format import CheckpointError
@@ -83,9 +88,9 @@ def check_input(args, cfg, world):
         why = runs.problem(name, world, cfg)
         harness.need(why is None, f"{flag} {name}: {why}")
     if args.offload == "host":
-        from minidist.backend import xp
         from minidist.parallel.offload import HOST_IS_DEVICE
-        harness.need(xp.__name__ != "numpy", "--offload host: " + HOST_IS_DEVICE.split(": ", 1)[1])
+        harness.need(DEVICE != "cpu", "--offload host: " + HOST_IS_DEVICE.split(": ", 1)[1])
+        harness.need(False, "--offload host: pinned host memory (ZeRO-Offload's) is not implemented")
     harness.need(args.offload == "none" or any(n.startswith("zero") for n in (args.save_layout, args.resume_layout)),
                  "--offload disk moves ZeRO's partitions: give --save-layout or --resume-layout zero1, zero2 or zero3")
     if not any(n in ("tp", "pp", "tp2pp2") for n in (args.save_layout, args.resume_layout)):
@@ -149,11 +154,18 @@ def offload_report(comm, args, cfg, data, root):
     state, kept = files["exp_avg"] + files["exp_avg_sq"], sum(files.values())
     by = moved["read_by_kind"]
     grads = by.get("grad", 0)
-    say(f"\noffload to disk ({name}): each rank's AdamW m and v"
-        + (", its shards" if name == "zero3" else "") + " and reduced gradients live in files,\n"
-        "  stepped in chunks; in memory stay the weights"
-        + (" of the unit being computed" if name == "zero3" else " (all of them at stage 1, 2)")
-        + ", the activations\n  and two chunks of buffers per kind")
+    if DEVICE == "cpu":
+        say(f"\noffload to disk ({name}): each rank's AdamW m and v"
+            + (", its shards" if name == "zero3" else "") + " and reduced gradients live in files,\n"
+            "  stepped in chunks; in memory stay the weights"
+            + (" of the unit being computed" if name == "zero3" else " (all of them at stage 1, 2)")
+            + ", the activations\n  and two chunks of buffers per kind")
+    else:                            # parallel/offload.py's docstring: on a device, m and v only
+        mv = by.get("exp_avg", 0) + by.get("exp_avg_sq", 0)
+        say(f"\noffload to disk ({name}): each rank's AdamW m and v live in files, stepped in chunks on\n"
+            f"  the device: each chunk crosses to the device and back, m and v {fmt_bytes(mv)} each way a\n"
+            "  step, counted in the host<->device bytes per step; stage 3's shards and the reduced\n"
+            "  gradients stay in device memory (the gather and the clipping read them there)")
     say(f"  resident memory one step of {name} added, largest rank: in memory {fmt_bytes(grew0)}, "
         f"offloaded {fmt_bytes(grew1)}\n  (difference {fmt_bytes(grew0 - grew1)}, beside the {fmt_bytes(kept)} per rank "
         f"kept in files; glibc keeps freed\n  memory unless MALLOC_MMAP_THRESHOLD_=131072: small models blur it)")
@@ -232,6 +244,21 @@ def describe_reads(reads):
     return [f"  all ranks: the new layout's regions {reads['needed']:,} B (a replicated tensor counts for"
             f" each rank\n  that holds it); tensor bytes read {reads['read']:,} B: {how}",
             f"  the sha256 checks read each file a rank opened, in full, once: {reads['checked']:,} B"]
+
+
+def transfer_figures(recorded, steps_before):
+    """The interrupted run's host<->device bytes per step, over both parts (0 on the CPU), and on
+    a device a line for each part: the layouts move different bytes (equivalence.record_run's
+    records of layout_runs.train; the save and the load are not steps, and are not in it)."""
+    parts = list(recorded)           # every run since the reference's: part 1, then part 2
+    nbytes, steps = sum(r[1] for r in parts), sum(r[2] for r in parts)
+    if DEVICE != "cpu" and parts:
+        first = [r for r, done in zip(parts, itertools.accumulate(r[2] for r in parts)) if done <= steps_before]
+        for label, rs in (("part 1", first), ("part 2", parts[len(first):])):
+            n = sum(r[2] for r in rs)
+            if n:
+                say(f"  host<->device during the steps of {label}: {fmt_bytes(sum(r[1] for r in rs) / n)} per step")
+    return nbytes / max(1, steps)
 
 
 def explain_mismatch(want, got, resumed_at, args, tol, first_step=0):
@@ -344,7 +371,8 @@ def lesson(comm, args, cfg, data, root):
     ref = runs.build("single", MPI.COMM_SELF, cfg, args.seed, args.lr)
     ref_losses = runs.train(ref, data, args.batch_size, 0, args.steps, args.lr, args.grad_clip, args.seed)
 
-    first, save_lines, killed = [], [], None
+    first, save_lines, killed, saved_d2h = [], [], None, 0
+    mark = len(equivalence.RUNS)                 # the interrupted run's training, recorded from here
     try:
         if args.resume:
             path = os.path.abspath(args.resume)
@@ -354,10 +382,11 @@ def lesson(comm, args, cfg, data, root):
             for start in range(0, args.stop_at, args.save_every):
                 stop = min(args.stop_at, start + args.save_every)
                 first += runs.train(run, data, args.batch_size, start, stop, args.lr, args.grad_clip, args.seed)
-                t0 = time.perf_counter()
+                t0, crossed = time.perf_counter(), transfers.snapshot()
                 path = layouts.save(comm, root, stop, run.model, run.opt, run.zero, meta=run_meta(args, stop),
                                     keep=args.keep)
                 save_lines.append((stop, time.perf_counter() - t0))
+                saved_d2h = transfers.BYTES["d2h"] - crossed["d2h"]     # the pieces brought home
             say(f"  saved at steps {', '.join(str(s) for s, _ in save_lines)}; kept {args.keep}: "
                 f"{', '.join(sorted(f for f in os.listdir(root) if f.startswith('step')))}")
             say(f"  the last save, {os.path.basename(path)}: {save_lines[-1][1] * 1e3:.1f} ms; one file per rank:")
@@ -376,11 +405,12 @@ def lesson(comm, args, cfg, data, root):
         resumed = runs.build(args.resume_layout, comm, cfg, args.seed + 1, args.lr,   # other weights: all replaced
                              **offload_kw(args, root, "part2"))
         reader.reset_reads()
-        t0 = time.perf_counter()
+        t0, crossed = time.perf_counter(), transfers.snapshot()
         meta = layouts.load(comm, path, resumed.model, resumed.opt, resumed.zero)
     except CheckpointError as e:
         raise harness.InputError(str(e))
     load_s = time.perf_counter() - t0
+    loaded_h2d = transfers.BYTES["h2d"] - crossed["h2d"]          # the regions sent to the device
     reads = dict(zip(("needed", "read", "checked"), common.mpi_reduce(
         comm, [reader.READS[k] for k in ("needed", "read", "checked")], op="sum").astype(int).tolist()))
     start = int(meta["train_step"])
@@ -399,6 +429,11 @@ def lesson(comm, args, cfg, data, root):
     for line in describe_reads(reads):
         say(line)
     rest = runs.train(resumed, data, args.batch_size, start, args.steps, args.lr, args.grad_clip, args.seed)
+    moved = transfer_figures(equivalence.RUNS[mark:], len(first))
+    if DEVICE != "cpu":              # not steps: a save and a load cross once, all the state at once
+        save_all, load_all = common.mpi_reduce(comm, [saved_d2h, loaded_h2d], op="sum")
+        say(f"  all ranks: the last save brought {int(save_all):,} B home (device to host), the load "
+            f"sent\n  {int(load_all):,} B to the devices (host to device)")
     final = layouts.save(comm, root, args.steps, resumed.model, resumed.opt, resumed.zero, keep=args.keep)
     got = {n: reader.read_global(final, load_index(final), f"model.{n}") for n, _ in ref.model.named_parameters()}
 
@@ -424,6 +459,7 @@ def lesson(comm, args, cfg, data, root):
                                          "load_bytes_needed": reads["needed"], "load_bytes_read": reads["read"],
                                          "load_bytes_checksummed": reads["checked"],
                                          "resumed_from_step": start, "offload": offload,
+                                         "host_device_bytes_per_step": moved,
                                          "killed_save_left_latest_intact": None if killed is None else
                                          bool(not killed[3] and killed[2] == resolve(path))})
     if not report["match"]:

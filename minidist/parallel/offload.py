@@ -53,6 +53,16 @@ forward and backward gathers of stage 3 read the shards through the mapping (the
 cache, or the disk if the kernel evicted them): those reads are not counted here; they
 bring the shards back into the resident set until the next step drops them again.
 
+On a device (MINIDIST_DEVICE=cuda or strict) the files are host memory and the step runs
+on the device: each chunk of m and v crosses to the device to step (DiskStore.read,
+xp.asarray: counted host to device) and back to its file (DiskStore.write, to_numpy:
+counted device to host), 2 x 2 x partition bytes of m and v a step; these copies are the
+point of offloading, the price of the device memory it frees. Only m and v go there:
+a file's views are host arrays, and stage 3's shards (the forward gathers them) and the
+reduced gradients (clipping reads them) must stay device arrays for the code that reads
+them; moving those too would need the gather and the reduce-scatter to read and write
+the files chunk by chunk, which this project does not do.
+
 `offload="host"`: ZeRO-Offload's CPU tier. On the NumPy backend host and device are one
 memory, so there is nothing to move: a ValueError says so. With CuPy it would mean NumPy
 arrays in pinned host memory; that is not implemented (NotImplementedError).
@@ -309,7 +319,7 @@ class OffloadedAdamW:
     def offload_grads(self):
         """From now on each group's reduced gradient partition goes to the "grad" file as it
         arrives (its add_grad is wrapped), and the step reads it from there chunk by chunk."""
-        if self.grads or self.n == 0:
+        if self.grads or self.n == 0 or xp is not np:      # on a device they stay there (above)
             return
         self.store.create("grad", self.n, self.dtype)
         for g, b in self.spans:
@@ -463,8 +473,8 @@ def make(kind, inner, groups, comm_rank, stage, folder=None, chunk_bytes=4 * 2**
     if kind != "disk":
         raise ValueError(f"offload must be None, 'disk' or 'host', not {kind!r}")
     store = DiskStore(folder, comm_rank, chunk_bytes)
-    try:
-        return OffloadedAdamW(inner, groups, store, shards=stage == 3)
+    try:                                 # on a device stage 3's shards stay there (the docstring)
+        return OffloadedAdamW(inner, groups, store, shards=stage == 3 and xp is np)
     except BaseException:
         store.close()
         raise
