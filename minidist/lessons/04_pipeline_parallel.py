@@ -13,6 +13,7 @@ in minidist/parallel/schedules.py and pipeline_parallel.py.
     mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --dropout 0.1
     mpirun -n 3 python -m minidist.lessons.04_pipeline_parallel --n-layer 7 --extra-layers last
     mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --pp 2 --json out.json
+    MINIDIST_DEVICE=strict mpirun -n 4 python -m minidist.lessons.04_pipeline_parallel --json x.json
 
 The schedule is data (minidist/parallel/schedules.py): the lesson draws it, simulates it
 in logical time (the bubble beside its formula, peak live activations) and runs it
@@ -40,6 +41,7 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
+from minidist import equivalence
 from minidist.comm import ProcessGrid, stats
 from minidist.lessons import common, harness
 from minidist.lessons.harness import fmt_bytes, say
@@ -183,6 +185,8 @@ def pipeline_run(run):
         losses, run.state, run.times = common.train_and_collect(model, run.opt, run.data, args, tc, run.rows,
                                                                 run.m, run.runner)
     run.act_peak = MEMORY.peak_bytes
+    # this run's host<->device bytes per step (0 on the CPU), before zb-h1's 1F1B rerun records its own
+    run.moved = equivalence.host_device_bytes_per_step()
     run.losses = list(common.mpi_reduce(grid.dp_comm, losses, "sum") / grid.dp)
 
 
@@ -318,6 +322,7 @@ def report_section(run):
         figures.update({"latency_chunk_forwards": args.latency, "bubble_simulated_latency": float(run.late.bubble)},
                        **run.factor_figures)
     figures.update(run.zb_figures)
+    figures["host_device_bytes_per_step"] = run.moved
     for r in range(world):
         figures[f"peak_live_simulated_rank{r}"] = run.want_peaks[r]
         figures[f"peak_live_measured_rank{r}"] = run.peaks[r]

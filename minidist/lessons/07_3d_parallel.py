@@ -9,6 +9,7 @@ run must equal one process.
     mpirun -n 4 python -m minidist.lessons.07_3d_parallel --tp 2 --json out.json
     mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 2 --dp 2 --recompute full
     mpirun -n 12 python -m minidist.lessons.07_3d_parallel --tp 3 --pp 2 --dp 2 --n-head 6 --n-embd 48
+    MINIDIST_DEVICE=strict mpirun -n 8 python -m minidist.lessons.07_3d_parallel --tp 2 --pp 2
 
 The grid is tp fastest, then pp, then dp (minidist/comm/grid.py): on a cluster the TP
 group is one node's GPUs. The lesson prints every rank's role, compares the losses, the

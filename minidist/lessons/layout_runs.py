@@ -86,8 +86,9 @@ def build(name, comm, cfg, seed, lr, offload=None, offload_dir=None):
 def train(run, data, batch, start, stop, lr, clip, seed):
     """Steps [start, stop): the mean loss of each step over the whole batch."""
     from minidist.train import micro_batches, train_step
+    from minidist import equivalence, transfers
     comm, size, rank = run.comm, run.comm.Get_size(), run.comm.Get_rank()
-    losses = []
+    losses, moved = [], 0
     for step in range(start, stop):
         x, y = data.get_batch("train", batch, step)
         if run.whole_batch:
@@ -95,11 +96,14 @@ def train(run, data, batch, start, stop, lr, clip, seed):
         else:
             per = batch // size
             rows = slice(rank * per, (rank + 1) * per)
+        before = transfers.snapshot()          # host<->device bytes of the step alone (0 on the CPU)
         loss, _ = train_step(run.model, run.optimizer, micro_batches(x[rows], y[rows], step, seed, run.micro, rows.start),
                              lr, clip, dp=run.slot)
+        moved += equivalence.host_device_bytes(before)
         if not run.whole_batch and size > 1:
             total = np.empty(1)
             comm.Allreduce(np.array([loss]), total, op=MPI.SUM)
             loss = float(total[0]) / size
         losses.append(float(loss))
+    equivalence.record_run(moved, stop - start, strategy=run.name != "single")
     return losses

@@ -34,7 +34,6 @@ import math
 
 import numpy as np
 
-from minidist.backend import xp
 from minidist.comm import all_reduce, stats
 from minidist.optim import grad_norm_sq
 from minidist.parallel.data_parallel import NaiveDataParallel
@@ -210,7 +209,8 @@ def reference_value(key, ref_state, tp_model):
     span = None
     if rest.endswith("]"):
         rest, span = rest[:-1].split("[")
-    mine = shard(xp.asarray(ref_state[f"{kind}:{rest}{tail}"]), tp_model.specs.get(rest),
+    # the reference's arrays are host copies (compared on the host): cut there, nothing moves
+    mine = shard(np.asarray(ref_state[f"{kind}:{rest}{tail}"]), tp_model.specs.get(rest),
                  tp_model.tp_rank, tp_model.tp)
     if span is not None:
         a, b = (int(v) for v in span.split(":"))

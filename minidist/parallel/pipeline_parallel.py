@@ -56,6 +56,14 @@ stage's scale x aux to the last stage's cross-entropy: one float64 all-reduce ov
 pipeline group in place of the broadcast (a dense model keeps the broadcast). MoEMLP
 draws one dropout mask per block, where the dense MLP does, so dropout_calls_before
 holds for MoE blocks too.
+
+On a device (MINIDIST_DEVICE=cuda, or the strict double; this project's design). The token
+ids cross to the device at stage 0's F, the targets at the last stage's; every message
+between stages goes device -> host -> MPI -> host -> device (`message`, then the
+receiver's to_device: 2 b s h x itemsize over PCIe per micro-batch per boundary and
+direction, besides the wire), or straight from device memory where MPI is CUDA-aware
+(comm/staging.py). wte's sum goes through the comm layer, staged the same way; the step's
+losses come home in one copy at its end.
 """
 import collections
 import contextlib
@@ -64,8 +72,8 @@ import time
 import numpy as np
 
 from minidist import recompute
-from minidist.backend import to_numpy, xp
-from minidist.comm import all_reduce, broadcast, stats
+from minidist.backend import on_device, to_device, to_numpy, xp
+from minidist.comm import all_reduce, broadcast, staging, stats
 from minidist.comm.watchdog import waiting
 from minidist.nn import Module, ModuleDict
 from minidist.ops import cross_entropy
@@ -196,16 +204,16 @@ class PipelineGPT(Module):
         s, tr = self.stages[c], self.transformer
         embed, head = self._ends
         if s == 0 and embed is not None:
-            x = embed(xp.asarray(x), rng)                                       # (B, T, C)
+            x = embed(to_device(x), rng)                  # the token ids cross here; (B, T, C)
         elif s == 0:
             B, T = x.shape
-            x = tr.drop(tr.wte(xp.asarray(x)) + tr.wpe(xp.arange(T)), rng)   # (B, T, C)
+            x = tr.drop(tr.wte(to_device(x)) + tr.wpe(xp.arange(T)), rng)    # (B, T, C)
         x = recompute.run_blocks(self.recompute, self.blocks(c), x, rng)     # this chunk's blocks
         if s == self.p * self.v - 1 and head is not None:
-            return head(x, xp.asarray(targets))[1]
+            return head(x, to_device(targets))[1]
         if s == self.p * self.v - 1:
             logits = tr.ln_f(x) @ tr.wte.weight.T                               # (B, T, vocab)
-            return cross_entropy(logits, xp.asarray(targets))
+            return cross_entropy(logits, to_device(targets))
         return x
 
     def chunk_aux(self, c):
@@ -234,18 +242,54 @@ def exchange(comm, send=None, recv=None):
     posted. Two blocking sends facing each other would each wait for the other's
     receive. Returns (received array or None, send request or None); the caller waits
     for the send's request before reusing or dropping the array.
+
+    On a device (this project's design, as comm/staging.py's): the array to send is what
+    `message` made of it and the receive lands in host memory, unless MPI reads and
+    writes device memory itself (CUDA-aware: staging.DIRECT), when both are device buffers.
     """
     got = rreq = sreq = None
     if recv is not None:
         shape, dtype, source, tag = recv
-        got = np.empty(shape, dtype)
-        rreq = comm.Irecv(got, source, tag)
+        got = (xp if staging.DIRECT else np).empty(shape, dtype)
+        rreq = comm.Irecv(staging.hand_to_mpi(got), source, tag)
     if send is not None:
         x, dest, tag = send
-        sreq = comm.Isend(x, dest, tag)
+        sreq = comm.Isend(staging.hand_to_mpi(x), dest, tag)
     if rreq is not None:
         rreq.Wait()
     return got, sreq
+
+
+def message(x):
+    """An activation or its gradient as exchange sends it: a contiguous host copy (device to
+    host, counted; the array itself on the CPU), or, where MPI reads device memory
+    (staging.DIRECT), the device array. The receiver's to_device is the matching copy."""
+    if staging.DIRECT:
+        return xp.ascontiguousarray(x)
+    return np.ascontiguousarray(to_numpy(x))
+
+
+def ids_on_device(batches, ids=True, targets=True):
+    """train_step's micro-batches [(x, y, rng)] with the token ids x (ids: stage 0 reads them)
+    and the targets y (targets: the last stage's) moved to the device in one copy: every
+    micro-batch's rows stacked on the host, the device array cut back at row bounds the
+    host knows. One transfer a step where there were m (fewer, larger copies: each has a
+    latency). Batches already on the device, or whose parts cannot stack, stay as they are."""
+    cols = [k for k, want in ((0, ids), (1, targets)) if want]
+    parts = [b[k] for k in cols for b in batches]
+    if not parts or any(on_device(a) for a in parts):
+        return batches
+    parts = [np.asarray(a) for a in parts]
+    if len({(a.dtype, a.shape[1:]) for a in parts}) > 1 or any(a.ndim == 0 for a in parts):
+        return batches
+    whole = to_device(np.concatenate(parts))                            # the one h2d copy
+    ends = np.cumsum([0] + [len(a) for a in parts]).tolist()            # host ints: the cuts
+    pieces = iter([whole[lo:hi] for lo, hi in zip(ends, ends[1:])])
+    out = [list(b) for b in batches]
+    for k in cols:
+        for b in out:
+            b[k] = next(pieces)
+    return [tuple(b) for b in out]
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -300,7 +344,8 @@ class PipelineParallel(Strategy):
         if len(batches) != self.m:
             raise PipelineError(f"the schedule is for {self.m} micro-batches, the step has {len(batches)}")
         n, split = model.p * model.v, self.split
-        saved, held, pending, total, aux_total = {}, {}, [], 0.0, 0.0
+        batches = ids_on_device(batches, model.first, model.last)     # one copy, not one per micro-batch
+        saved, held, pending, losses, auxes = {}, {}, [], [], []
         outgoing, live, self.events, self.peak_live = None, 0, [], 0
         for action in self.actions + [None]:
             spec = None if action is None else self._recv_spec(action, batches)
@@ -318,7 +363,7 @@ class PipelineParallel(Strategy):
             s = model.stages[c]
             t0 = time.perf_counter()
             if op == "F":
-                x_in = None if s == 0 else Tensor(xp.asarray(got), requires_grad=True)
+                x_in = None if s == 0 else Tensor(to_device(got), requires_grad=True)
                 x, y, rng = batches[mb]
                 r = DropoutRNG(rng.seed, rng.step, rng.sample_ids)
                 r.calls = 0 if s == 0 else dropout_calls_before(model.ranges[s][0])
@@ -326,30 +371,30 @@ class PipelineParallel(Strategy):
                 aux = model.chunk_aux(c) if hasattr(model, "chunk_aux") else None   # before the next F
                 saved[(mb, c)] = (x_in, out, aux)
                 if aux is not None:
-                    aux_total += aux.item() * scale
+                    auxes.append(aux.data)          # on the device: they come home together below
                 live += 1
                 self.peak_live = max(self.peak_live, live)
                 if s == n - 1:
-                    total += out.item() * scale
+                    losses.append(out.data)
                 else:
                     dest = self._neighbour(c, +1)[0]
-                    outgoing = (np.ascontiguousarray(to_numpy(out.data)), dest, self._tag(mb, s + 1, False))
+                    outgoing = (message(out.data), dest, self._tag(mb, s + 1, False))
             elif op == "B":
                 x_in, out, aux = saved.pop((mb, c))
                 with deferred_weight_grads() if split else contextlib.nullcontext() as later:
                     if s == n - 1:
                         ((out if aux is None else out + aux) * scale).backward()
                     elif aux is None:
-                        out.backward(xp.asarray(got))
+                        out.backward(to_device(got))
                     else:                           # one root: the graph is freed as it is walked
-                        ((out * Tensor(xp.asarray(got, dtype=out.dtype))).sum() + aux * scale).backward()
+                        ((out * Tensor(to_device(got, out.dtype))).sum() + aux * scale).backward()
                 if split:                           # the weight gradients wait for W
                     held[(mb, c)] = later
                 else:
                     live -= 1
                 if s > 0:
                     dest = self._neighbour(c, -1)[0]
-                    outgoing = (np.ascontiguousarray(to_numpy(x_in.grad)), dest, self._tag(mb, s - 1, True))
+                    outgoing = (message(x_in.grad), dest, self._tag(mb, s - 1, True))
             else:                                   # W: the weight gradients B left for later
                 run_weight_grads(held.pop((mb, c)))
                 live -= 1                           # what W held (saved inputs, output grads) is freed
@@ -358,6 +403,14 @@ class PipelineParallel(Strategy):
         for req, _ in pending:                      # every send completes before the step ends
             with waiting("pipeline sends of this step"):
                 req.Wait()
+        # the step's losses (and MoE aux losses) come home in one copy, summed in order
+        total, aux_total = 0.0, 0.0
+        if losses or auxes:
+            home = to_numpy(xp.stack(losses + auxes))
+            for v in home[:len(losses)]:
+                total += float(v) * scale
+            for v in home[len(losses):]:
+                aux_total += float(v) * scale
         # the loss lives on the last stage; every stage reports it (one float64)
         if getattr(model.config, "n_expert", 0) > 0:    # + every stage's MoE aux losses
             return float(all_reduce(self.comm, np.array([total + aux_total]))[0])
@@ -382,7 +435,7 @@ class PipelineParallel(Strategy):
         if self.embed_comm is not None:
             w = self.model.transformer.wte.weight
             g = w.grad if w.grad is not None else xp.zeros_like(w.data)
-            w.grad = xp.asarray(all_reduce(self.embed_comm, to_numpy(g)))
+            w.grad = all_reduce(self.embed_comm, g)      # a device array stays one (comm/staging.py)
         if self.dp is not None:
             self.dp.sync()
 
