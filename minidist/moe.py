@@ -36,6 +36,16 @@ Both are per group; the layer's aux loss is their mean over groups, so that unde
 expert parallelism (each rank's tokens one group) the data-parallel average of each
 rank's aux loss is the same number.
 
+On a device (MINIDIST_DEVICE=cuda, or the strict double), per group: the gates come home
+in one counted copy (T x E values: the routing above runs on the host, in NumPy) and the
+routing goes back in four small ones (each token's experts and kept choices for the
+combine weights, the kept rows' (token, choice) pairs in expert order: `kept_rows`, the
+balance loss's fractions f); every other array stays on the device. The routing decides
+shapes (the rows each expert gets), and shapes are read on the host anyway: Megatron-Core
+routes on the GPU but copies its tokens-per-expert counts to the CPU for the all-to-all's
+splits (token_dispatcher.py, MoEAlltoAllTokenDispatcher). Routing on the host is this
+project's choice.
+
 Gradients flow to the router through the combine weights and the aux losses, to the
 experts and to the input through the expert MLPs; the selection (which expert, which
 token dropped) is a constant, as in every MoE implementation.
@@ -53,7 +63,7 @@ import math
 import numpy
 
 from minidist import ops
-from minidist.backend import dtype_of, to_numpy, xp
+from minidist.backend import dtype_of, on_device, to_device, to_numpy, xp
 from minidist.nn import Dropout, Linear, Module, Parameter
 from minidist.tensor import Function, Tensor
 
@@ -114,6 +124,17 @@ def route_by_position(probs, top_k, capacity):
         (where,) = numpy.nonzero(slot_major == e)            # in GShard's order
         kept[where[capacity:]] = False
     return experts, kept.reshape(top_k, -1).T.copy()
+
+
+def kept_rows(experts, keep, n_expert):
+    """The kept choices as rows, ordered by expert, then token, then choice (host arrays):
+    (tok, slot, per_expert): the token and the choice of each row, and how many rows each
+    expert gets (E,); expert e's rows are [sum(per_expert[:e]), sum(per_expert[:e+1]))."""
+    chosen = [numpy.nonzero((experts == e) & keep) for e in range(n_expert)]
+    per_expert = numpy.array([len(t) for t, _ in chosen], numpy.int64)
+    tok = numpy.concatenate([t for t, _ in chosen]).astype(numpy.int64)
+    slot = numpy.concatenate([s for _, s in chosen]).astype(numpy.int64)
+    return tok, slot, per_expert
 
 
 DROP_POLICIES = ("position", "probs")
@@ -189,7 +210,7 @@ def logsumexp(x):
 
 
 def scatter_add_rows(rows, index, n_rows):
-    return ScatterAddRows.apply(rows, index=xp.asarray(index), n_rows=n_rows)
+    return ScatterAddRows.apply(rows, index=_device(index), n_rows=n_rows)
 
 # ----------------------------------------------------------------------------- the differentiable pieces
 
@@ -209,10 +230,16 @@ def combine_weights(probs, experts, keep, top_k):
     then becomes 0, so a token with one choice dropped gets w < 1 from the other.
     """
     T = experts.shape[0]
-    picked = probs[numpy.arange(T)[:, None], experts]        # (T, k) the chosen gates
+    experts, keep = _device(experts), _device(keep)          # host routing: one copy each
+    picked = probs[xp.arange(T)[:, None], experts]           # (T, k) the chosen gates
     if top_k > 1:
         picked = picked / picked.sum(axis=1, keepdims=True)
-    return picked * Tensor(xp.asarray(keep, dtype=probs.dtype))
+    return picked * Tensor(keep.astype(probs.dtype))
+
+
+def _device(a):
+    """a on the device: a counted copy of host data (none for a device array, or on the CPU)."""
+    return a if on_device(a) else to_device(a)
 
 
 def expert_mlp(x_rows, e, c_fc_weight, c_fc_bias, c_proj_weight, c_proj_bias):
@@ -240,7 +267,7 @@ def balance_loss(probs, experts, n_expert, top_k, alpha=1.0):
     counts = numpy.bincount(numpy.asarray(experts).ravel(), minlength=n_expert)
     f = counts / (experts.shape[0] * top_k)                  # (E,)
     P = probs.mean(axis=0)                                   # (E,)
-    return (P * Tensor(xp.asarray(f, dtype=probs.dtype))).sum() * (alpha * n_expert)
+    return (P * Tensor(to_device(f, dtype=probs.dtype))).sum() * (alpha * n_expert)
 
 
 def z_loss(logits, coef=1.0):
@@ -324,17 +351,20 @@ class MoEMLP(Module):
         capacity = expert_capacity(n, k, E, self.capacity_factor)
         experts, keep = select(to_numpy(probs.data), k, capacity, self.drop_policy)   # (n, k), NumPy
         w = combine_weights(probs, experts, keep, k)                   # (n, k)
-        rows, where = [], []
+        tok, slot, per_expert = kept_rows(experts, keep, E)            # host: rows by expert
+        ends = numpy.cumsum(per_expert).tolist()                       # host ints: the cuts
+        at = to_device(numpy.stack([tok, slot]))                       # (2, rows) on the device
+        rows = []
         for e in range(E):
-            tok, slot = numpy.nonzero((experts == e) & keep)           # the choices expert e serves
-            if len(tok) == 0:
+            lo, hi = ends[e] - int(per_expert[e]), ends[e]             # expert e's rows
+            if hi == lo:
                 continue
-            out = self.expert(xg[tok], e)                              # (m, C)
-            rows.append(out * w[tok, slot].reshape(len(tok), 1))       # weighted by the gate
-            where.append(tok)
+            t, s = at[0, lo:hi], at[1, lo:hi]                          # the choices e serves
+            out = self.expert(xg[t], e)                                # (m, C)
+            rows.append(out * w[t, s].reshape(hi - lo, 1))             # weighted by the gate
         if rows:
             y = scatter_add_rows(ops.concat(rows, axis=0) if len(rows) > 1 else rows[0],
-                                 numpy.concatenate(where), n)          # (n, C)
+                                 at[0], n)                             # (n, C)
         else:
             y = Tensor(xp.zeros(xg.shape, xg.dtype))
         stats = dict(balance=balance_loss(probs, experts, E, k, self.alpha),

@@ -116,9 +116,9 @@ def record(model):
     def pre(module, args):
         log.append([stats.snapshot(), None])
 
-    def post(module, args, out):
-        log[-1][1] = {i: (np.asarray(s["tokens_per_expert"], np.int64), int(s["dropped"]))
-                      for i, s in module.moe_stats().items()}
+    def post(module, args, out):        # host numbers only: nothing read back from the device
+        log[-1][1] = {i: (np.asarray(m.aux["tokens_per_expert"], np.int64), int(m.aux["dropped"]))
+                      for i, m in module.moe_layers() if m.aux is not None}
 
     model.register_forward_hooks(pre, post)
     return log

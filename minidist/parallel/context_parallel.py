@@ -44,16 +44,27 @@ computed; the all-gather holds all cp blocks (and their dK, dV in backward); Uly
 whole sequence for h/cp heads. Counters (ContextParallelAttention): bytes sent per
 collective, seconds waited; in minidist.comm.stats the ring's messages count under
 "ring_pass", the others under "all_to_all", "all_gather", "reduce_scatter".
+
+On a device (this project's design, minidist/comm/staging.py): q, k, v and every
+partial result stay device arrays. Ulysses and the all-gather call minidist.comm, which
+stages device arrays through host buffers or hands them to a CUDA-aware MPI. The ring
+posts its own Isend/Irecv (to overlap them with compute): on the staged path it sends a
+host copy of my K, V (device to host, once per layer and pass), receives into host
+buffers and copies each block it attends to over (host to device); the dK, dV
+accumulators travel as host arrays and the arriving one is added to mine on the host,
+as the comm layer's staged reductions add; on the direct path all of it stays on the
+device. The positions of each chunk are host numbers (attention.Positions.arange).
 """
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from minidist.attention import (AttentionDropout, attention_partial, attention_partial_backward,
-                                merge_partials)
-from minidist.backend import to_numpy, xp
-from minidist.comm import all_to_all_v, chunk_bounds, ring_all_gather, ring_reduce_scatter_v, stats
+from minidist.attention import (AttentionDropout, Positions, attention_partial,
+                                attention_partial_backward, merge_partials)
+from minidist.backend import on_device, to_device, to_numpy, xp
+from minidist.comm import (all_to_all_v, chunk_bounds, ring_all_gather, ring_reduce_scatter_v, staging,
+                           stats)
 from minidist.comm.watchdog import waiting
 from minidist.failfast import AgreedError
 from minidist.plan.context import VARIANTS
@@ -128,10 +139,19 @@ def ring_pass(comm, send_arrays, recv_arrays, tag):
     return requests
 
 
-def _host(a):
-    """A contiguous host (NumPy) copy of a backend array: what MPI sends (a view on the CPU
-    when it is contiguous already)."""
+def _wire(a):
+    """What the ring hands MPI for the array `a`: on the direct path (CUDA-aware MPI) the
+    device array itself, after the device's queued work (staging.hand_to_mpi); else a
+    contiguous host copy (device to host, counted; a view on the CPU when contiguous)."""
+    if staging.DIRECT and on_device(a):
+        return staging.hand_to_mpi(xp.ascontiguousarray(a))
     return np.ascontiguousarray(to_numpy(a))
+
+
+def _arrived(a):
+    """A block the ring received, on the device to compute with (host to device, counted,
+    on the staged path; itself on the direct path and on the CPU)."""
+    return to_device(a)
 
 # ----------------------------------------------------------------------------- the attention core
 
@@ -201,14 +221,12 @@ class ContextParallelAttention:
     def _tokens(self, rank):
         return sum(hi - lo for lo, hi in self.ranges[rank])
 
-    def _positions(self, rank):
-        return np.concatenate([np.arange(lo, hi) for lo, hi in self.ranges[rank]])
-
     def _block_like(self, a, owner):
-        """A host buffer for owner's block of an array like `a` (MPI moves host arrays)."""
+        """A buffer for owner's block of an array like `a`, where MPI writes it: on the host
+        (staged), on the device on the direct path."""
         shape = list(a.shape)
         shape[SEQ] = self._tokens(owner)
-        return np.empty(shape, a.dtype)
+        return staging.hand_to_mpi((xp if staging.DIRECT else np).empty(shape, a.dtype))
 
     def _pass_kv(self, kv, owner):
         """Post the K, V block I hold to rank+1 and the receive of rank-1's, owner-1's block:
@@ -226,8 +244,9 @@ class ContextParallelAttention:
             for ks, klo, khi in self._pieces(owner):
                 if klo > qhi - 1:
                     continue                                  # every key after every query
-                o2, l2 = attention_partial(q[:, :, qs], k[:, :, ks], v[:, :, ks], xp.arange(qlo, qhi),
-                                           xp.arange(klo, khi), self.block, drop, poll)
+                o2, l2 = attention_partial(q[:, :, qs], k[:, :, ks], v[:, :, ks],
+                                           Positions.arange(qlo, qhi), Positions.arange(klo, khi),
+                                           self.block, drop, poll)
                 o[:, :, qs], lse[:, :, qs] = merge_partials(o[:, :, qs], lse[:, :, qs], o2, l2)
 
     def _attend_backward(self, q, k, v, owner, o, lse, do, dq, dk, dv, drop, poll=None):
@@ -236,8 +255,9 @@ class ContextParallelAttention:
             for ks, klo, khi in self._pieces(owner):
                 if klo > qhi - 1:
                     continue
-                g = attention_partial_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], xp.arange(qlo, qhi),
-                                               xp.arange(klo, khi), o[:, :, qs], lse[:, :, qs],
+                g = attention_partial_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks],
+                                               Positions.arange(qlo, qhi), Positions.arange(klo, khi),
+                                               o[:, :, qs], lse[:, :, qs],
                                                do[:, :, qs], self.block, drop, poll)
                 dq[:, :, qs] += g[0]
                 dk[:, :, ks] += g[1]
@@ -249,12 +269,13 @@ class ContextParallelAttention:
         o = xp.zeros(q.shape, q.dtype)
         lse = xp.full(q.shape[:3], -xp.inf, dtype=q.dtype)
         n, r = self.cp, self.rank
-        kv = (_host(k), _host(v))
+        kv = (_wire(k), _wire(v)) if n > 1 else None
         for s in range(n):
             owner = (r - s) % n                               # whose K, V I hold now
             nxt, requests = self._pass_kv(kv, owner) if s < n - 1 else (None, [])
             poll = (lambda: MPI.Request.Testall(requests)) if requests and self.overlap else None
-            self._attend(q, xp.asarray(kv[0]), xp.asarray(kv[1]), owner, o, lse, drop, poll)
+            here = (k, v) if s == 0 else (_arrived(kv[0]), _arrived(kv[1]))   # mine: on the device
+            self._attend(q, *here, owner, o, lse, drop, poll)
             if requests:
                 self._wait(requests)
                 kv = nxt                                      # two blocks alive at most
@@ -269,7 +290,7 @@ class ContextParallelAttention:
         n, r = self.cp, self.rank
         dq = xp.zeros(q.shape, q.dtype)
         dk, dv = xp.zeros(k.shape, k.dtype), xp.zeros(v.shape, v.dtype)   # my block, my queries
-        kv = (_host(k), _host(v))
+        kv = (_wire(k), _wire(v)) if n > 1 else None
         arriving, into, leaving = [], None, []
         for s in range(n):
             owner = (r - s) % n
@@ -280,9 +301,9 @@ class ContextParallelAttention:
                 self._attend_backward(q, k, v, r, o, lse, do, dq, dk, dv, drop, poll)
             else:
                 acc = (xp.zeros(kv[0].shape, k.dtype), xp.zeros(kv[1].shape, v.dtype))
-                self._attend_backward(q, xp.asarray(kv[0]), xp.asarray(kv[1]), owner, o, lse, do, dq,
+                self._attend_backward(q, _arrived(kv[0]), _arrived(kv[1]), owner, o, lse, do, dq,
                                       *acc, drop, poll)
-                acc = tuple(_host(a) for a in acc)
+                acc = tuple(_wire(a) for a in acc)    # staged: summed on the host, as comm's are
                 if into is not None:                          # this block's accumulator so far
                     self._wait(arriving)
                     for a, b in zip(acc, into):
@@ -296,7 +317,7 @@ class ContextParallelAttention:
                 kv = nxt
         if into is not None:                                  # everyone else's part of my dK, dV
             self._wait(arriving)
-            dk, dv = dk + xp.asarray(into[0]), dv + xp.asarray(into[1])
+            dk, dv = dk + _arrived(into[0]), dv + _arrived(into[1])
         self._wait(leaving)
         return dq, dk, dv
 
@@ -304,7 +325,7 @@ class ContextParallelAttention:
 
     def _gathered(self, k, v):
         """Every rank's K and V, joined in rank order, and each rank's rows in them."""
-        K, V = (xp.asarray(self._blocking(ring_all_gather, self.comm, to_numpy(a), SEQ)) for a in (k, v))
+        K, V = (self._blocking(ring_all_gather, self.comm, a, SEQ) for a in (k, v))   # a's kind back
         bounds = np.cumsum([0] + [self._tokens(j) for j in range(self.cp)])
         return K, V, [slice(bounds[j], bounds[j + 1]) for j in range(self.cp)]
 
@@ -324,8 +345,8 @@ class ContextParallelAttention:
             self._attend_backward(q, K[:, :, rows[j]], V[:, :, rows[j]], j, o, lse, do, dq,
                                   dK[:, :, rows[j]], dV[:, :, rows[j]], drop)
         lengths = [self._tokens(j) for j in range(self.cp)]   # every rank's parts summed, each
-        dk, dv = (xp.asarray(self._blocking(ring_reduce_scatter_v, self.comm, to_numpy(g), lengths,
-                                            axis=SEQ)) for g in (dK, dV))      # keeping its own
+        dk, dv = (self._blocking(ring_reduce_scatter_v, self.comm, g, lengths, axis=SEQ)
+                  for g in (dK, dV))                                          # keeping its own
         return dq, dk, dv
 
     # -- ulysses: the all-to-alls and the attention on my heads
@@ -334,31 +355,33 @@ class ContextParallelAttention:
         """(B, nh, n_r, hs), my tokens of every head -> (B, nh/cp, T, hs), every token of
         my heads, in position order."""
         h = x.shape[1] // self.cp
-        rows = to_numpy(x).transpose(2, 0, 1, 3)              # (n_r, B, nh, hs)
+        rows = x.transpose(2, 0, 1, 3)                        # (n_r, B, nh, hs)
         got = self._blocking(all_to_all_v, self.comm,         # rank j's heads go to j
                              [rows[:, :, j * h:(j + 1) * h] for j in range(self.cp)])
-        whole = np.empty((sum(len(g) for g in got),) + got[0].shape[1:], x.dtype)
+        whole = xp.empty((sum(len(g) for g in got),) + got[0].shape[1:], x.dtype)
         for j, g in enumerate(got):
-            whole[self._positions(j)] = g                     # rank j's tokens, in their places
-        return xp.asarray(np.ascontiguousarray(whole.transpose(1, 2, 0, 3)))
+            for sl, lo, hi in self._pieces(j):
+                whole[lo:hi] = g[sl]                          # rank j's tokens, in their places
+        return xp.ascontiguousarray(whole.transpose(1, 2, 0, 3))
 
     def _heads_to_seq(self, y):
         """The inverse: (B, nh/cp, T, hs) -> (B, nh, n_r, hs)."""
-        rows = to_numpy(y).transpose(2, 0, 1, 3)              # (T, B, nh/cp, hs)
+        rows = y.transpose(2, 0, 1, 3)                        # (T, B, nh/cp, hs)
         got = self._blocking(all_to_all_v, self.comm,         # rank j's tokens go to j
-                             [rows[self._positions(j)] for j in range(self.cp)])
-        mine = np.concatenate(got, axis=2)                    # heads in rank order
-        return xp.asarray(np.ascontiguousarray(mine.transpose(1, 2, 0, 3)))
+                             [xp.concatenate([rows[lo:hi] for lo, hi in self.ranges[j]])
+                              for j in range(self.cp)])
+        mine = xp.concatenate(got, axis=2)                    # heads in rank order
+        return xp.ascontiguousarray(mine.transpose(1, 2, 0, 3))
 
     def ulysses_forward(self, q, k, v, drop):
         Q, K, V = (self._seq_to_heads(a) for a in (q, k, v))
-        pos = xp.arange(Q.shape[SEQ])
+        pos = Positions.arange(Q.shape[SEQ])
         O, L = attention_partial(Q, K, V, pos, pos, self.block, drop)
         return self._heads_to_seq(O), (Q, K, V, O, L)
 
     def ulysses_backward(self, saved, do, drop):
         Q, K, V, O, L = saved
-        pos = xp.arange(Q.shape[SEQ])
+        pos = Positions.arange(Q.shape[SEQ])
         dQ, dK, dV = attention_partial_backward(Q, K, V, pos, pos, O, L, self._seq_to_heads(do),
                                                 self.block, drop)
         return tuple(self._heads_to_seq(g) for g in (dQ, dK, dV))

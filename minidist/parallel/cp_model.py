@@ -26,6 +26,11 @@ Not built: pipeline parallelism around it, mixture of experts, grouped-query att
 (the engine has none: plan/context.py's formulas take n_kv_head). A recomputed forward
 (recompute "full", "every-k") repeats its exchange, and the counters count it; "selective"
 leaves the CP core be (it keeps q, k, v, o and the log-sum-exp, no s x s array).
+
+On a device: the token ids are host data, cut to my positions on the host, so only my
+tokens cross (in GPT.forward); my positions are made on the device from the host's
+chunk bounds (nothing copied); the loss's sum over the group is minidist.comm's
+all-reduce of one number (staged through the host: 8 bytes each way).
 """
 from minidist.backend import to_numpy, xp
 from minidist.comm import all_reduce
@@ -48,7 +53,7 @@ class SumOverContext(Function):
     @staticmethod
     def forward(ctx, x, comm=None):
         ctx.cp = comm.Get_size()
-        return xp.asarray(all_reduce(comm, to_numpy(x).reshape(1), op="sum").reshape(x.shape))
+        return all_reduce(comm, x.reshape(1), op="sum").reshape(x.shape)   # x's kind back
 
     @staticmethod
     def backward(ctx, grad):
@@ -165,7 +170,7 @@ class ContextParallelGPT:
     # -- forward
 
     def forward(self, idx, targets=None, rng=None):
-        idx = xp.asarray(idx)
+        idx = to_numpy(idx)                 # token ids: host data (a no-op for a host array)
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size "
@@ -176,14 +181,16 @@ class ContextParallelGPT:
         ranges = self.layout(T)
         for c in self.cores:
             c.set_layout(ranges)
-        pos = xp.asarray(rank_positions(T, self.cp, self.cp_rank, self.load_balance))
+        mine = ranges[self.cp_rank]
+        at = rank_positions(T, self.cp, self.cp_rank, self.load_balance)    # host: cuts the ids
+        pos = xp.concatenate([xp.arange(lo, hi) for lo, hi in mine])     # the same, on the device
         self.positions = pos
         if rng is None and self.training and self.config.dropout > 0:
             rng = DropoutRNG(self.seed, self._calls, range(B))   # as GPT.forward does
             self._calls += 1
-        mine = PositionsRNG(rng, T, pos) if rng is not None else None
-        tgt = None if targets is None else xp.asarray(targets)[:, pos]
-        logits, loss = self.model.forward(idx[:, pos], tgt, rng=mine, positions=pos)   # my tokens' mean
+        rng_mine = PositionsRNG(rng, T, pos) if rng is not None else None
+        tgt = None if targets is None else to_numpy(targets)[:, at]
+        logits, loss = self.model.forward(idx[:, at], tgt, rng=rng_mine, positions=pos)  # my tokens' mean
         if loss is not None:            # x my share of the tokens, summed over cp: the mean over all
             loss = SumOverContext.apply(loss * (len(pos) / T), comm=self.comm)
         return logits, loss

@@ -33,6 +33,12 @@ Bytes each rank sends per MoE layer per step (counted under "all_to_all"; C the 
 
 ExpertParallelMoE.comm_bytes holds both, measured and by this formula, for every call.
 
+On a device the rows stay device arrays: the all-to-alls hand them to minidist.comm,
+which stages them through host buffers (counted) or gives them to a CUDA-aware MPI; the
+routing runs on the host as in minidist/moe.py (the gates home, the rows' tokens and
+choices back, once per layer; the order of the rows an owner received, to run them
+expert by expert, one more copy), and the counts exchanged before the rows are host data.
+
 pad_to_capacity=True sends what GShard, DeepSpeed-MoE and Megatron-Core with
 --moe-pad-expert-input-to-capacity send: each expert's slice of the buffer padded with
 zero rows to `capacity`, an (E, capacity, C) buffer of which (ep-1)/ep leaves the rank,
@@ -86,10 +92,10 @@ replicated parameter and the router once (this rank's copy), and each expert onc
 import numpy
 
 from minidist import ops
-from minidist.backend import to_numpy, xp
+from minidist.backend import to_device, to_numpy, xp
 from minidist.comm import all_reduce, all_to_all_v, stats
 from minidist.moe import (MoEMLP, StackedLinear, balance_loss, combine_weights, expert_capacity,
-                          expert_mlp, gates, scatter_add_rows, select, z_loss)
+                          expert_mlp, gates, kept_rows, scatter_add_rows, select, z_loss)
 from minidist.nn import Parameter
 from minidist.parallel.data_parallel import average_gradients
 from minidist.parallel.strategy import Strategy
@@ -105,26 +111,26 @@ def _exchange(comm, rows, send_counts, recv_counts, log, what, pad=None):
     rows to `pad` rows and the padding dropped on arrival (recv_counts says where).
     Logs the bytes sent, measured and by formula."""
     send_counts, recv_counts = numpy.asarray(send_counts), numpy.asarray(recv_counts)
-    bounds = numpy.concatenate([[0], numpy.cumsum(send_counts.sum(1))]).astype(int)
+    bounds = numpy.concatenate([[0], numpy.cumsum(send_counts.sum(1))]).tolist()   # host ints
     rank = comm.Get_rank()
-    chunks = [to_numpy(rows[bounds[j]:bounds[j + 1]]) for j in range(comm.Get_size())]
+    chunks = [rows[bounds[j]:bounds[j + 1]] for j in range(comm.Get_size())]      # rows' kind
     if pad is not None:
         chunks = [_pad(c, counts, pad) for c, counts in zip(chunks, send_counts)]
     with stats.measure() as m:
-        got = all_to_all_v(comm, chunks)
+        got = all_to_all_v(comm, chunks)                     # device chunks: staged by comm
     if pad is not None:
         got = [_unpad(g, counts, pad) for g, counts in zip(got, recv_counts)]
     formula = sum(c.nbytes for j, c in enumerate(chunks) if j != rank)
     log.append((what, m.bytes_sent("all_to_all"), formula))
-    return xp.asarray(numpy.concatenate(got, axis=0))
+    return xp.concatenate(got, axis=0)
 
 
 def _pad(chunk, counts, pad):
     """chunk: counts[0] rows for the first expert, counts[1] for the next, ... -> each
-    block followed by zero rows up to `pad`: (len(counts) x pad, C)."""
-    out = numpy.zeros((len(counts) * pad,) + chunk.shape[1:], chunk.dtype)
+    block followed by zero rows up to `pad`: (len(counts) x pad, C), on the device."""
+    out = xp.zeros((len(counts) * pad,) + chunk.shape[1:], chunk.dtype)
     at = 0
-    for i, c in enumerate(counts):
+    for i, c in enumerate(counts.tolist()):                   # host ints
         out[i * pad:i * pad + c] = chunk[at:at + c]
         at += c
     return out
@@ -132,7 +138,8 @@ def _pad(chunk, counts, pad):
 
 def _unpad(chunk, counts, pad):
     """The inverse of _pad: the first counts[i] rows of every block of `pad` rows."""
-    return numpy.concatenate([chunk[i * pad:i * pad + c] for i, c in enumerate(counts)], axis=0)
+    return xp.concatenate([chunk[i * pad:i * pad + c] for i, c in enumerate(counts.tolist())],
+                          axis=0)
 
 
 class AllToAllRows(Function):
@@ -216,25 +223,23 @@ class ExpertParallelMoE(MoEMLP):
         experts, keep = select(to_numpy(probs.data), k, capacity, self.drop_policy)
         pad = capacity if self.pad_to_capacity else None
         w = combine_weights(probs, experts, keep, k)                   # (n, k)
-        # the kept choices, ordered by expert, then token, then choice: owner by owner
-        chosen = [numpy.nonzero((experts == e) & keep) for e in range(E)]   # (tokens, choices) per expert
-        per_expert = numpy.array([len(t) for t, _ in chosen], numpy.int64)  # (E,) rows I send each expert
-        tok = numpy.concatenate([t for t, _ in chosen])                      # (rows,) the token of each row
-        slot = numpy.concatenate([s for _, s in chosen])                     # (rows,) and which choice
+        # the kept choices, ordered by expert, then token, then choice: owner by owner (host)
+        tok, slot, per_expert = kept_rows(experts, keep, E)            # (rows,) (rows,) (E,)
+        at = to_device(numpy.stack([tok, slot]))                       # (2, rows) on the device
         send = per_expert.reshape(ep, per)                              # (ep, E/ep) by owner
         # tell each owner how many rows of mine each of its experts gets (apart from the rows)
         with stats.counting("expert_counts"):
             got = numpy.stack(all_to_all_v(self.ep_comm, list(send)))  # (ep, E/ep) by sender
         # dispatch: my rows to their experts' owners; I get theirs for my experts
-        received = all_to_all_rows(xg[tok], self.ep_comm, send, got, self.comm_bytes,
+        received = all_to_all_rows(xg[at[0]], self.ep_comm, send, got, self.comm_bytes,
                                    "dispatch", pad)                     # (sum got, C)
         out = self._run_experts(received, got)                          # (sum got, C)
         # combine: the outputs go back to the ranks the rows came from, in the same order
         back = all_to_all_rows(out, self.ep_comm, got, send, self.comm_bytes,
                                "combine", pad)                          # (len(tok), C)
         if len(tok):
-            weighted = back * w[tok, slot].reshape(len(tok), 1)         # weighted by the gate
-            y = scatter_add_rows(weighted, tok, n)                      # (n, C)
+            weighted = back * w[at[0], at[1]].reshape(len(tok), 1)     # weighted by the gate
+            y = scatter_add_rows(weighted, at[0], n)                    # (n, C)
         else:
             y = Tensor(xp.zeros(xg.shape, xg.dtype)) + back.sum() * 0.0  # keeps the combine in the graph
         aux = dict(balance=balance_loss(probs, experts, E, k, self.alpha), z=z_loss(logits, self.z_coef),
@@ -251,17 +256,28 @@ class ExpertParallelMoE(MoEMLP):
         for i in range(self.per_rank):
             order += [numpy.arange(starts[s * self.per_rank + i], starts[s * self.per_rank + i + 1])
                       for s in range(got.shape[0])]
-        order = numpy.concatenate(order).astype(numpy.int64)
+        order = numpy.concatenate(order).astype(numpy.int64)            # host: from the counts
+        if not len(order):
+            return received                                             # no rows: nothing to run
+        # the permutation and its inverse, to the device in one copy
+        both = to_device(numpy.stack([order, numpy.argsort(order, kind="stable")]))
         outs, at = [], 0
         for i in range(self.per_rank):
             m = int(got[:, i].sum())
             if m:
-                outs.append(self.local_expert(received[order[at:at + m]], self.lo + i))   # (m, C)
+                outs.append(self.local_expert(received[both[0, at:at + m]], self.lo + i))   # (m, C)
             at += m
-        if not outs:
-            return received                                             # no rows: nothing to run
         out = outs[0] if len(outs) == 1 else ops.concat(outs, axis=0)   # expert by expert
-        return out[numpy.argsort(order, kind="stable")]                 # back in received order
+        return out[both[1]]                                             # back in received order
+
+
+def _square_sum(params):
+    """The sum of the gradients' squares, a float: each tensor's sum where it lives, added in
+    float64 in parameter order (a cumsum, as a Python sum adds them); one number comes home."""
+    if not params:
+        return 0.0
+    parts = xp.stack([(p.grad ** 2).sum() for p in params]).astype(xp.float64)
+    return float(xp.cumsum(parts)[-1])
 
 
 def _slice(stacked, lo, hi):
@@ -338,7 +354,7 @@ class ExpertParallel(Strategy):
         """The whole model's squared gradient norm (for clipping): the dense part is the same
         on every rank; the experts' parts are summed over the ep group."""
         experts = {id(p) for p in self.expert_params}
-        dense = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) not in experts)
+        dense = _square_sum([p for p in params if p.grad is not None and id(p) not in experts])
         return dense + self.expert_grad_norm_sq(params)
 
     def expert_grad_norm_sq(self, params):
@@ -346,7 +362,7 @@ class ExpertParallel(Strategy):
         summed over the ep group (which holds each expert once). Under tensor parallelism,
         TensorParallelSync.grad_norm_sq adds it to the shards' and the replicated part."""
         experts = {id(p) for p in self.expert_params}
-        mine = sum(float((p.grad ** 2).sum()) for p in params if p.grad is not None and id(p) in experts)
+        mine = _square_sum([p for p in params if p.grad is not None and id(p) in experts])
         total = all_reduce(self.ep_comm, numpy.array([mine]), op="sum")
         return float(total[0])
 
