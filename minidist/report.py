@@ -79,8 +79,8 @@ def transfer_line(per_step):
     s = per_step / PCIE4_X16_PRACTICAL_BYTES_PER_S
     took = f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:,.2f} ms"
     return (f"host<->device: {fmt_bytes(per_step)} per training step on this rank (token ids in, the "
-            f"loss out, any\n  message staged through the host): {took} at about 25 GB/s "
-            f"(PCIe 4.0 x16: 31.5 GB/s its rate) + each copy's latency")
+            f"loss out,\n  messages staged through the host): {took} at about 25 GB/s (PCIe 4.0 x16, "
+            f"whose rate is 31.5),\n  plus each copy's latency")
 
 
 def finish(report, args):
