@@ -60,6 +60,15 @@ Three pieces, each in one place here:
      DynamicLossScaler, whose counter is reset when S grows, or after every good step
      with consecutive_hysteresis).
    This GradScaler counts as Megatron's does; the lesson's --hysteresis sets h.
+
+ON A DEVICE (MINIDIST_DEVICE=cuda, or the strict double): CuPy has no bfloat16 dtype, so
+there bf16 is rounded in float32 arithmetic on the float32 bits (round to nearest, ties to
+even: add 0x7FFF plus the lowest kept bit, clear the low 16 bits; a float64 value first
+reaches float32 rounded to odd, so it is rounded once; `round_bf16`) and a
+16-bit bf16 array is stored as its uint16 bit patterns (`store16` / `load16`): the same
+values and the same bytes as ml_dtypes' bfloat16 on the host, which the CPU keeps. fp16
+is CuPy's float16. unscale_grads reads one flag home per step (any inf or nan), not one per
+gradient. These are this project's choices for its emulation.
 """
 import contextlib
 import math
@@ -67,7 +76,7 @@ import math
 import numpy as np
 
 from minidist import tensor as _tensor
-from minidist.backend import xp
+from minidist.backend import on_device, xp
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -84,10 +93,57 @@ def dtype16(precision):
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def is_bf16(dt):
+    return dt is not None and np.dtype(dt).name == "bfloat16"
+
+
+def _float32_round_to_odd(a, m):
+    """float64 a as float32 bits rounded to odd (truncate, then set the lowest bit if
+    anything was cut): rounding those to bf16 is then a's correct rounding, with no double
+    rounding (24 bits hold bf16's 8 and 2 more; Boldo and Melquiond 2008)."""
+    f = a.astype(np.float32)
+    back = f.astype(a.dtype)
+    u = f.view(np.uint32)
+    cut = back != a
+    u = m.where(cut & (m.abs(back) > m.abs(a)), u - 1, u)     # one step toward zero
+    return m.where(cut, u | 1, u).view(np.float32)
+
+
+def round_bf16(a):
+    """a rounded to bf16 in float32 arithmetic (a device has no bfloat16 dtype), in a's own
+    dtype: the float32 bits plus 0x7FFF plus the lowest kept bit, the low 16 bits cleared
+    (round to nearest, ties to even; a float64 a reaches float32 rounded to odd, so it is
+    rounded once, as ml_dtypes does). inf stays inf; a nan stays a nan."""
+    m = xp if on_device(a) else np
+    with np.errstate(over="ignore", invalid="ignore"):    # beyond float32: inf, as bf16's
+        f = _float32_round_to_odd(a, m) if a.dtype.itemsize > 4 else a.astype(np.float32)
+    u = f.view(np.uint32)
+    r = ((u + ((u >> 16) & 1) + 0x7FFF) & 0xFFFF0000).view(np.float32)
+    return m.where(m.isnan(f), f, r).astype(a.dtype)
+
+
+def store16(a, dt):
+    """a (a float array) in dt's storage: a.astype(dt), but on a device bf16 as its uint16
+    bit patterns (2 bytes each, as bfloat16's)."""
+    if is_bf16(dt) and on_device(a):
+        return (round_bf16(a).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return a.astype(dt)
+
+
+def load16(s, dt, dtype=np.float32):
+    """The values of a store16(_, dt) array, as dtype."""
+    if is_bf16(dt) and on_device(s):
+        return (s.astype(np.uint32) << 16).view(np.float32).astype(dtype)
+    return s.astype(dtype)
+
+
 def round_to(a, dt):
     """a's values rounded to the 16-bit dtype dt (nearest, ties to even), in a's own dtype.
 
-    fp16 overflows to inf above 65504 (that is what loss scaling watches for)."""
+    fp16 overflows to inf above 65504 (that is what loss scaling watches for). bf16 on a
+    device: round_bf16 (CuPy has no bfloat16)."""
+    if is_bf16(dt) and on_device(a):
+        return round_bf16(a)
     with np.errstate(over="ignore"):
         return a.astype(dt).astype(a.dtype)
 
@@ -178,13 +234,13 @@ class MixedPrecision:
         for g in inner.param_groups:
             g["params"] = [self.master[id(p)] for p in g["params"]]
         self.param_groups = inner.param_groups
-        self.weights16 = [p.data.astype(self.dt) for p in self.params]   # the 16-bit model weights
+        self.weights16 = [store16(p.data, self.dt) for p in self.params]  # the 16-bit model weights
         self.grads = [None] * len(self.params)                           # as stored, grad_dt
         self._round_weights()
 
     def _round_weights(self):
         for p, w16 in zip(self.params, self.weights16):
-            p.data[...] = w16          # the engine's float32 container, holding 16-bit values
+            p.data[...] = load16(w16, self.dt, p.data.dtype)   # float32 holding 16-bit values
 
     # -- the optimizer's face
     def zero_grad(self):
@@ -197,9 +253,9 @@ class MixedPrecision:
     def store_grads(self):
         """Keep each gradient in the storage dtype (rounding it when that is 16 bits)."""
         for i, p in enumerate(self.params):
-            self.grads[i] = None if p.grad is None else xp.asarray(p.grad).astype(self.grad_dt)
+            self.grads[i] = None if p.grad is None else store16(xp.asarray(p.grad), self.grad_dt)
             if p.grad is not None:
-                p.grad = self.grads[i].astype(np.float32)
+                p.grad = load16(self.grads[i], self.grad_dt)
 
     def step(self):
         """fp32 update of the masters from the model's (unscaled) gradients; round into the model."""
@@ -208,7 +264,7 @@ class MixedPrecision:
             m.grad = None if p.grad is None else xp.asarray(p.grad, dtype=np.float32)
         self.inner.step()
         for i, p in enumerate(self.params):
-            self.weights16[i][...] = self.master[id(p)].data.astype(self.dt)
+            self.weights16[i][...] = store16(self.master[id(p)].data, self.dt)
         self._round_weights()
 
     def memory(self):
@@ -232,7 +288,7 @@ class MixedPrecision:
 
     def checkpoint_loaded(self):
         for i, p in enumerate(self.params):
-            self.weights16[i][...] = self.master[id(p)].data.astype(self.dt)
+            self.weights16[i][...] = store16(self.master[id(p)].data, self.dt)
         self._round_weights()
 
 
@@ -242,17 +298,22 @@ def unscale_grads(grads, scale):
     """(the gradients divided by scale, in fp32, as new arrays; found_inf): found_inf is
     True when any gradient holds an inf or a nan. None stays None. (Exercise 10.1.)
 
-    fp32 whatever the gradients' dtype: they are about to update the fp32 masters."""
+    fp32 whatever the gradients' dtype: they are about to update the fp32 masters. Device
+    gradients stay on the device; found_inf comes home once, for all of them."""
     inv = 1.0 / scale
-    out, found = [], False
+    out, finite = [], []
     for g in grads:
         if g is None:
             out.append(None)
             continue
-        u = np.asarray(g, dtype=np.float32) * np.float32(inv)
-        found = found or not bool(np.all(np.isfinite(u)))
+        m = xp if on_device(g) else np
+        u = m.asarray(g, dtype=np.float32) * np.float32(inv)
+        finite.append(m.all(m.isfinite(u)))
         out.append(u)
-    return out, found
+    if not finite:
+        return out, False
+    m = xp if on_device(finite[0]) else np
+    return out, not bool(m.all(m.stack(finite)))
 
 
 def update_scale(scale, good_steps, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):

@@ -32,7 +32,8 @@ def mpirun(n, flags, timeout=180):
                                 "1bit-adam w=1", "powersgd r=4", "curriculum"]),
     (3, ["--batch-size", "6", "--precision", "bf16", "--zero", "2", "--grad-reduce", "16"], ["fp32", "bf16"]),
     (2, ["--batch-size", "4", "--compressor", "int8"], ["fp32", "int8"]),      # no goal: no heading
-], ids=["n2-every-variant", "n3-bf16-zero2", "n2-int8-alone"])
+    (2, ["--batch-size", "4", "--precision", "fp16", "--zero", "1"], ["fp32", "fp16"]),
+], ids=["n2-every-variant", "n3-bf16-zero2", "n2-int8-alone", "n2-fp16-zero1"])
 def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
     out = tmp_path / "report.json"
     proc = mpirun(n, [*TINY, *flags, "--json", str(out)])
@@ -46,6 +47,8 @@ def test_lesson_10_reports_every_variant(tmp_path, n, flags, names):
         assert r["bytes_per_step"] == r["bytes_per_step_formula"] > 0
         assert r["tokens"] >= 6 * int(flags[1]) * 16
     by = {r["variant"]: r for r in rows}
+    if "--zero" in flags and "fp16" in by:       # a skipped step sends no all-gather: formula too
+        assert by["fp16"]["skipped_steps"] >= 1
     if "1bit-grad w=1" in by:
         for name in ("1bit-grad w=1", "1bit-adam w=1"):
             assert by[name]["ratio_per_step"] < 0.05 < by[name]["ratio_run"]            # warm-up counted

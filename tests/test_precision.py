@@ -304,3 +304,28 @@ def test_hysteresis_halves_the_scale_only_at_the_hth_overflow_since_it_grew():
     plain.found_inf = True
     plain.update()
     assert plain.scale == 4.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bf16_in_float_arithmetic_equals_ml_dtypes(dtype):
+    """The device's bf16 (CuPy has none): rounding on the float bits, the same values as
+    ml_dtypes' cast, and store16 / load16 its 2-byte bit patterns (run here on host arrays;
+    the strict double runs the same code on its own)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(20_000) * 10.0 ** rng.integers(-44, 39, 20_000)
+    tie = np.float64(np.float32(1 + 2 ** -8)) + 2 ** -30        # float32 would round it onto a tie
+    with np.errstate(over="ignore"):              # 1e300 and the like: inf in float32
+        a = np.concatenate([a, [tie, -tie, 1 + 2 ** -8, 1 + 3 * 2 ** -8, np.inf, -np.inf, 0.0, -0.0,
+                                1e300, 1e-300, np.nan]]).astype(dtype)
+        want = a.astype(BF16).astype(dtype)
+    got = precision.round_bf16(a)
+    assert got.dtype == dtype
+    assert np.array_equal(got, want, equal_nan=True), np.flatnonzero(got != want)[:5]
+    with np.errstate(over="ignore"):
+        f = a.astype(np.float32)
+    ok = np.isfinite(f)
+    bits = (precision.round_bf16(f).view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(bits[ok], bf16_bits(f[ok]))
+    stored = (precision.round_bf16(f[ok]).view(np.uint32) >> 16).astype(np.uint16)
+    back = (stored.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(back, f[ok].astype(BF16).astype(np.float32))

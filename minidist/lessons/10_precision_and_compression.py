@@ -114,6 +114,10 @@ def check_input(args, world):
                  + (f" (try {max(1, args.steps // 4)})" if args.steps > 1 else ""))
     harness.need(not (args.compressor == "1bit-adam" and w == 0),
                  "--compressor 1bit-adam needs --warmup-steps 1 or more: it freezes Adam's v after them")
+    from minidist.backend import DEVICE
+    bf16_reduce = args.grad_reduce == "16" and args.precision in (None, "bf16")
+    harness.need(DEVICE == "cpu" or not bf16_reduce,      # the ring sums in the wire's dtype
+                 f"--grad-reduce 16 sums bf16, a dtype MINIDIST_DEVICE={DEVICE} lacks: use fp32")
     harness.need(args.seq_start <= args.block_size,
                  f"--seq-start {args.seq_start} is longer than --block-size {args.block_size}")
     if args.zero:
@@ -189,6 +193,7 @@ def main(args):
                           "bytes_per_step_formula": expected[-1], "bytes_match_every_step": ok,
                           "bytes_run": sum(sent), "ratio_per_step": ratio_step, "ratio_run": ratio_run,
                           "step_time_s": r["step_time_s"], "curve": r["curve"],
+                          "host_device_bytes_per_step": r["host_device_bytes_per_step"],
                           "skipped_steps": r["scaler"].skipped if r["scaler"] else 0})
     say("\nafter the same tokens:")
     if args.zero:

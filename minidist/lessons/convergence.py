@@ -6,6 +6,9 @@ None of these variants is exact by design, so the question a run answers is the 
 practitioner asks: after the same tokens, is the validation loss as low, and what did
 the variant save? `run_variant` trains one; `curve_plot` draws the curves in text;
 `png_plot` writes them as a PNG where matplotlib is installed (the `plot` extra).
+On a device each variant's host<->device bytes inside train_step are counted (the
+evaluations' are not): the row's host_device_bytes_per_step, and the fp32 run's is the
+report's (equivalence.record_run).
 """
 import contextlib
 import dataclasses
@@ -14,6 +17,7 @@ import time
 
 import numpy as np
 
+from minidist import equivalence, transfers
 from minidist.comm import stats
 from minidist.lessons import common
 from minidist.lessons.harness import say
@@ -61,7 +65,9 @@ class Variant:
 
 
 def _dp_slot(v, model, opt, comm, args):
-    """(optimizer, dp slot, formula(): bytes this rank sends in the next step)."""
+    """(optimizer, dp slot, formula(): bytes this rank sends in the next step). Under ZeRO
+    formula(skipped=True): the bytes of a step the fp16 scaler skipped, whose optimizer
+    step (the all-gather of the updated weights) does not run."""
     from minidist.parallel.compression import CompressedDataParallel, OneBitAdam
     from minidist.plan.traffic import ring_bytes
     from minidist.parallel.data_parallel import BucketedDataParallel
@@ -71,7 +77,8 @@ def _dp_slot(v, model, opt, comm, args):
     if args.zero:
         from minidist.parallel.zero import ZeRO, expected_sent
         zero = ZeRO(model, opt, comm, args.zero, reduce_dtype=reduce_dtype)
-        return zero, zero, lambda: sum(expected_sent(zero).values())
+        return zero, zero, lambda skipped=False: sum(
+            b for k, b in expected_sent(zero).items() if not (skipped and k == "all_gather"))
     dp = None
     if v.compressor != "none":
         dp = CompressedDataParallel(model, comm, v.compressor, rank=v.rank, warmup_steps=v.warmup_steps,
@@ -114,7 +121,7 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
     cur = Curriculum(cfg.block_size, args.batch_size, total_tokens, args.ramp_steps, args.seq_start,
                      plain=not v.curriculum, peak_lr=args.lr, min_lr=args.lr / 10,
                      warmup_steps=args.steps // 20)
-    curve, sent, expected, times, losses, seqlens = [], [], [], [], [], []
+    curve, sent, expected, times, losses, seqlens, moved = [], [], [], [], [], [], 0
     bar = Progress(total_tokens, f"    {v.name:<16}", stream=_SayStream(), every=1)
     tenth = 0
     while not cur.done():
@@ -122,6 +129,7 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
         x, y = data.get_batch("train", args.batch_size, cur.step)
         x, y = x[rows, :L], y[rows, :L]
         predicted = formula()
+        before = transfers.snapshot()
         t0 = time.perf_counter()
         # fp16: an overflow (inf in a gradient, in a 16-bit sum) is expected and handled: the
         # scaler skips that step and halves the scale; NumPy's warnings about it are noise
@@ -130,7 +138,10 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
             loss, _ = train_step(model, opt, micro_batches(x, y, cur.step, args.seed, 1, rows.start or 0),
                                  cur.lr(), args.grad_clip, dp=dp, scaler=scaler)
         times.append(time.perf_counter() - t0)
+        moved += equivalence.host_device_bytes(before)
         sent.append(sum(m.bytes_sent(n) for n in DATA))
+        if args.zero and scaler is not None and scaler.found_inf:
+            predicted = formula(skipped=True)         # ZeRO's all-gather did not run
         expected.append(predicted)
         losses.append(loss)
         seqlens.append(L)
@@ -144,7 +155,9 @@ def run_variant(v, args, cfg, comm, data, rows, total_tokens):
             tenth = 10 * cur.tokens // total_tokens
             bar.update(cur.tokens, f"tokens, step {cur.step} loss {loss:.4f}")
     bar.close()
-    return {"variant": v.name, "model": model, "opt": opt, "dp": dp, "scaler": scaler,
+    if v.name == "fp32":
+        equivalence.record_run(moved, cur.step, strategy=True)
+    return {"host_device_bytes_per_step": moved / max(1, cur.step),"variant": v.name, "model": model, "opt": opt, "dp": dp, "scaler": scaler,
             "curve": curve, "val_loss": curve[-1][1], "steps": cur.step, "tokens": cur.tokens,
             "sent": sent, "expected": expected, "losses": losses, "seqlens": seqlens,
             "step_time_s": float(np.median(times[1:] if len(times) > 1 else times))}

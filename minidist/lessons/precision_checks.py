@@ -13,8 +13,13 @@ tolerance) although the variants themselves are not exact.
   reference written here on the float32 bits (round to nearest, ties to even), not by
   the ml_dtypes cast the package uses;
 - after the fp16 run: no weight or master is inf or nan (every overflowed step skipped).
+
+On a device the package's functions are given device arrays (to_device) and their results
+come home for the comparison (to_numpy): the checks test the device path itself.
 """
 import numpy as np
+
+from minidist.backend import to_device, to_numpy
 
 from minidist.lessons.harness import say, table
 from minidist.plan.memory import bytes_per_param
@@ -37,7 +42,7 @@ def matrix_shapes(cfg, seed):
 
 
 def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a, b = to_numpy(a).astype(np.float64), to_numpy(b).astype(np.float64)
     scale = float(np.max(np.abs(b))) or 1.0
     return float(np.max(np.abs(a - b))) / scale if a.size else 0.0
 
@@ -53,7 +58,8 @@ def loss_scaling_exact(args, cfg, data, rows):
         grads.append([p.grad for p in model.parameters()])
     unscaled, found = precision.unscale_grads(grads[1], 2.0 ** 16)
     # unscaled gradients are fp32 (the masters' dtype): the plain ones, in fp32, bit for bit
-    same = not found and all(np.array_equal(a, np.asarray(b, np.float32)) for a, b in zip(unscaled, grads[0]))
+    same = not found and all(np.array_equal(to_numpy(a), to_numpy(b).astype(np.float32))
+                             for a, b in zip(unscaled, grads[0]))
     return {"what": "loss scaling: backward of loss x 2^16, unscaled, gives the plain gradients",
             "ok": same, "measured": "bit for bit" if same else "differs", "rel": 0.0}
 
@@ -62,8 +68,8 @@ def powersgd_full_rank(comm, seed):
     from minidist.comm import ring_all_reduce
     from minidist.parallel import compression
     rng = np.random.default_rng([seed, comm.Get_rank()])
-    M = rng.standard_normal((12, 7))
-    Q = np.random.default_rng(seed).standard_normal((7, 7))
+    M = to_device(rng.standard_normal((12, 7)))
+    Q = to_device(np.random.default_rng(seed).standard_normal((7, 7)))
     approx, _ = compression.powersgd_step(comm, M, Q)
     exact = ring_all_reduce(comm, M) / comm.Get_size()
     rel = comm.allreduce(_rel(approx, exact), op=_max())
@@ -74,13 +80,13 @@ def powersgd_full_rank(comm, seed):
 def error_feedback_identity(seed, steps=6, n=203):
     from minidist.parallel import compression
     rng = np.random.default_rng(seed)
-    residual, applied, true, worst = np.zeros(n), np.zeros(n), np.zeros(n), 0.0
+    residual, applied, true, worst = to_device(np.zeros(n)), np.zeros(n), np.zeros(n), 0.0
     for _ in range(steps):
         g = rng.standard_normal(n)
-        packed, scale, residual = compression.onebit_compress(g, residual)
-        applied += compression.onebit_decompress(packed, scale, n)
+        packed, scale, residual = compression.onebit_compress(to_device(g), residual)
+        applied += to_numpy(compression.onebit_decompress(packed, scale, n))
         true += g
-        worst = max(worst, _rel(applied, true - residual))     # every step
+        worst = max(worst, _rel(applied, true - to_numpy(residual)))     # every step
     return {"what": f"1-bit gradients, error feedback, {steps} steps: sum applied = sum gradients - residual held",
             "ok": worst <= TOLERANCE, "measured": f"max_rel_diff {worst:.1e}", "rel": worst}
 
@@ -93,16 +99,16 @@ def onebit_adam_feedback(comm, seed, steps=6, n=203):
     from minidist.parallel import compression
     N, me = comm.Get_size(), comm.Get_rank()
     b = chunk_bounds(n, N)
-    worker, server = np.zeros(n), np.zeros(b[me + 1] - b[me])
+    worker, server = to_device(np.zeros(n)), to_device(np.zeros(b[me + 1] - b[me]))
     out_sum, true_sum, worst = np.zeros(n), np.zeros(n), 0.0
     for step in range(steps):
         xs = [np.random.default_rng([seed, step, r]).standard_normal(n) + 0.2 for r in range(N)]
-        out = compression.compressed_allreduce(comm, xs[me], worker, server)
+        out = to_numpy(compression.compressed_allreduce(comm, to_device(xs[me]), worker, server))
         out_sum += out
         true_sum += sum(xs) / N
         held = np.zeros(n)
-        held[b[me]:b[me + 1]] = server
-        held = ring_all_reduce(comm, held + worker / N)       # mean worker residual + every server's
+        held[b[me]:b[me + 1]] = to_numpy(server)
+        held = ring_all_reduce(comm, held + to_numpy(worker) / N)   # mean worker + every server's
         worst = max(worst, _rel(out_sum, true_sum - held), _rel(ring_all_reduce(comm, out) / N, out))
     worst = comm.allreduce(worst, op=_max())
     return {"what": f"1-bit Adam's all-reduce, {steps} steps: sum out = sum averages - residuals held",
@@ -128,21 +134,24 @@ def bf16_bits(a):
 
 
 def after_runs(results, runs):
-    from minidist.precision import MixedPrecision
+    from minidist.precision import MixedPrecision, load16
     out = []
     for v, r in zip(runs, results):
         opt = r["opt"]
         if not isinstance(opt, MixedPrecision):
             continue
-        masters = [opt.master[id(p)].data for p in opt.params]
+        masters = [to_numpy(opt.master[id(p)].data) for p in opt.params]
+        weights = [to_numpy(p.data) for p in opt.params]
         if v.precision == "bf16":
-            same = all(np.array_equal(w.view(np.uint16), bf16_bits(m)) for w, m in zip(opt.weights16, masters))
-            same &= all(np.array_equal(p.data, w.astype(np.float32)) for p, w in zip(opt.params, opt.weights16))
+            w16 = [to_numpy(w).view(np.uint16) for w in opt.weights16]   # bf16 or its bits: 2 bytes
+            same = all(np.array_equal(w, bf16_bits(m)) for w, m in zip(w16, masters))
+            same &= all(np.array_equal(p, to_numpy(load16(w, opt.dt)))
+                        for p, w in zip(weights, opt.weights16))
             out.append({"what": f"{v.name}: the weights are the fp32 masters rounded to bf16 by bit arithmetic",
                         "ok": same,
                         "measured": "bit for bit" if same else "differs", "rel": 0.0})
         if v.precision == "fp16":
-            finite = all(np.all(np.isfinite(a)) for a in masters + [p.data for p in opt.params])
+            finite = all(np.all(np.isfinite(a)) for a in masters + weights)
             sc = r["scaler"]
             out.append({"what": f"{v.name}: no inf or nan reached the weights ({sc.skipped} overflowed "
                                 f"step(s) skipped, scale now {sc.scale:g})", "ok": finite,

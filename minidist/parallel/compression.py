@@ -111,10 +111,18 @@ message format) in minidist/parallel/compressors.py; PowerSGD in powersgd.py; 1-
 summable codes, the two-phase scheme for the others) and the strategy. The exercises'
 functions stay importable from this module. Data moves only through minidist.comm's
 hand-written collectives.
+
+On a device (MINIDIST_DEVICE=cuda, or the strict double) this project's design keeps the
+gradients, the residuals and the coding on the device: sync() flattens and codes there,
+and only the messages cross to the host, when the comm layer stages them for MPI (or
+none, with a CUDA-aware MPI). So a compressor shrinks the host<->device bytes with the
+network bytes: the warm-up's fp32 all-reduce stages 4n bytes out and 4n back per step,
+the two-phase 1 bit (3 + 1/N) x n/8 and the scales (every chunk out and in, then this
+rank's chunk out and all of them in).
 """
 import numpy as np
 
-from minidist.backend import to_numpy, xp
+from minidist.backend import on_device, to_device, to_numpy, xp
 from minidist.comm import all_to_all_v, chunk_bounds, ring_all_gather, ring_all_reduce, stats
 from minidist.parallel.compressors import (COMPRESSORS, TABLE, int8_compress,  # noqa: F401
                                            int8_decompress, onebit_compress, onebit_decompress, pack,
@@ -181,8 +189,8 @@ class CompressedDataParallel(Strategy):
         # error feedback of 1-bit: this worker's residual of the whole flat vector, and
         # as the server of chunk `me` of every bucket, that chunk's residual
         fb = code.error_feedback
-        self.worker_error = np.zeros(self.n if fb else 0, self.dtype)
-        self.server_error = [np.zeros(self._own_chunk(lo, hi) if fb else 0, self.dtype)
+        self.worker_error = xp.zeros(self.n if fb else 0, self.dtype)
+        self.server_error = [xp.zeros(self._own_chunk(lo, hi) if fb else 0, self.dtype)
                              for lo, hi in self.buckets]
         self.compressing = False       # 1bit-adam: this step's momentum goes compressed
         self.powersgd = (LowRank(self.params, self.names, self.dtype, rank, seed)
@@ -232,7 +240,7 @@ class CompressedDataParallel(Strategy):
 
     def sync(self):
         """Average the gradients over ranks, compressed; p.grad becomes the (decompressed) average."""
-        grads = [np.zeros(p.data.shape, self.dtype) if p.grad is None else to_numpy(p.grad)
+        grads = [xp.zeros(p.data.shape, self.dtype) if p.grad is None else xp.asarray(p.grad)
                  for p in self.params]
         exchange = self._flat_fp32 if self.warming_up() else self._exchanges[self.code.exchange]
         self.compressing = exchange == self._keep_local      # 1-bit Adam past its warm-up
@@ -240,7 +248,7 @@ class CompressedDataParallel(Strategy):
             out = exchange(grads)
         self.last_sent = sum(m.bytes_sent(name) for name in DATA_COLLECTIVES)
         for p, g in zip(self.params, out):
-            p.grad = xp.asarray(g.copy())
+            p.grad = g.copy()
         self.steps += 1
 
     def allreduce_momentum(self, flat):
@@ -254,8 +262,8 @@ class CompressedDataParallel(Strategy):
     # -- the exchanges: each takes the gradients, returns their average
     def _flat(self, grads, bucket):
         """The gradients end to end, averaged bucket by bucket with bucket(x, b), cut back."""
-        flat = np.concatenate([g.reshape(-1) for g in grads]).astype(self.dtype, copy=False)
-        done = np.concatenate([bucket(flat[lo:hi], b) for b, (lo, hi) in enumerate(self.buckets)])
+        flat = xp.concatenate([g.reshape(-1) for g in grads]).astype(self.dtype, copy=False)
+        done = xp.concatenate([bucket(flat[lo:hi], b) for b, (lo, hi) in enumerate(self.buckets)])
         offsets = np.cumsum([0] + [g.size for g in grads])
         return [done[a:b].reshape(g.shape) for a, b, g in zip(offsets[:-1], offsets[1:], grads)]
 
@@ -292,11 +300,11 @@ class CompressedDataParallel(Strategy):
             if error is not None:
                 error[s:e] = residual
             parts.append(pack(scale, payload, self.dtype))
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+        return xp.concatenate(parts) if parts else xp.zeros(0, np.uint8)
 
     def _decompress(self, msg, segments, n):
         """Chunk x back (n values) from a message made by _compress with these segments."""
-        out, at = np.empty(n, self.dtype), 0
+        out, at = xp.empty(n, self.dtype), 0
         for s, e in segments:
             length = self._message_bytes([(s, e)])
             scale, payload = unpack(msg[at:at + length], self.dtype)
@@ -326,7 +334,7 @@ class CompressedDataParallel(Strategy):
             length = self._message_bytes(segments[j])
             pieces.append(self._decompress(joined[at:at + length], segments[j], bounds[j + 1] - bounds[j]))
             at += length
-        return np.concatenate(pieces).astype(self.dtype, copy=False)
+        return xp.concatenate(pieces).astype(self.dtype, copy=False)
 
     # -- bytes, from plan/traffic.py's formulas
     def uncompressed_bytes(self):
@@ -364,11 +372,12 @@ class CompressedDataParallel(Strategy):
 
     # -- checkpoints
     def state_dict(self):
-        """{name: array}: the step counter, the error-feedback residuals, PowerSGD's Q's."""
+        """{name: host array}: the step counter, the error-feedback residuals, PowerSGD's
+        Q's (a device's arrays brought home, counted: a checkpoint is host data)."""
         d = {"steps": np.array(self.steps)}
         if self.code.error_feedback:
-            d["onebit.worker_error"] = self.worker_error.copy()
-            d["onebit.server_error"] = np.concatenate(self.server_error)
+            d["onebit.worker_error"] = np.array(to_numpy(self.worker_error))
+            d["onebit.server_error"] = to_numpy(xp.concatenate(self.server_error))
         if self.powersgd:
             d.update(self.powersgd.state_dict())
         return d
@@ -376,14 +385,16 @@ class CompressedDataParallel(Strategy):
     def load_state_dict(self, d):
         """Resume from state_dict()'s arrays (the same model, world size and compressor)."""
         mine = self.state_dict()
-        if set(d) != set(mine) or any(np.shape(d[k]) != mine[k].shape for k in mine):
+        shape = lambda a: tuple(a.shape) if on_device(a) else np.shape(a)     # noqa: E731
+        if set(d) != set(mine) or any(shape(d[k]) != mine[k].shape for k in mine):
             want = sorted((k, v.shape) for k, v in mine.items())
             raise ValueError(f"load_state_dict: expected arrays {want}, "
-                             f"got {sorted((k, np.shape(v)) for k, v in d.items())}")
+                             f"got {sorted((k, shape(v)) for k, v in d.items())}")
         self.steps = int(d["steps"])
         if self.code.error_feedback:
-            self.worker_error = np.array(d["onebit.worker_error"], self.dtype)
-            cuts = np.cumsum([len(e) for e in self.server_error])[:-1]
-            self.server_error = np.split(np.array(d["onebit.server_error"], self.dtype), cuts)
+            self.worker_error = to_device(np.array(to_numpy(d["onebit.worker_error"]), self.dtype))
+            cuts = [int(c) for c in np.cumsum([len(e) for e in self.server_error])[:-1]]
+            server = to_device(np.array(to_numpy(d["onebit.server_error"]), self.dtype))
+            self.server_error = xp.split(server, cuts)
         if self.powersgd:
             self.powersgd.load_state_dict(d)

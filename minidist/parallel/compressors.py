@@ -18,10 +18,35 @@ and never its name.
 The codes are exercises (10.3 onebit_compress, 10.4 onebit_decompress); the table's
 encoders look them up in this module's globals when called, so a student's function put
 in their place (minidist/grader/plugin.py) is the one the strategy uses.
+
+On a device (MINIDIST_DEVICE=cuda or strict) the codes run where the gradients are: each
+function takes its array functions from its input's kind (`ns(x)`: NumPy for a host
+array, xp for a device array; CuPy's get_array_module idiom), a scale stays a 0-d device
+array (no transfer per segment), and only the coded message crosses to the host, when the
+comm layer stages it for MPI. On the host every function is the NumPy code it always was.
 """
 from dataclasses import dataclass
 
 import numpy as np
+
+from minidist.backend import on_device, xp
+
+
+def ns(x):
+    """The array module of x: xp for a device array, NumPy otherwise."""
+    return xp if on_device(x) else np
+
+
+def scalar(value, dtype):
+    """A 0-d result as a scale of dtype: a NumPy scalar on the host (as the codes always
+    returned), a 0-d array on a device (reading it on the host would be a transfer)."""
+    return value.astype(dtype) if on_device(value) else np.dtype(dtype).type(value)
+
+
+def unpack_bits(packed, n):
+    """The first n bits of packed (uint8, 8 per byte, big-endian), as uint8 0/1: CuPy's
+    unpackbits has no `count`, so the padding bits are sliced off."""
+    return ns(packed).unpackbits(packed)[:n]
 
 
 # ----------------------------------------------------------------------------- 1-bit (signs)
@@ -34,19 +59,21 @@ def onebit_compress(x, residual):
     this step did not send, added to the next step's x (error feedback). Returns new
     arrays in x's dtype; x and residual are left as they are. (Exercise 10.3.)
     """
-    x = np.asarray(x)
-    v = x + np.asarray(residual, dtype=x.dtype)
-    packed = np.packbits(v >= 0)
-    scale = x.dtype.type(np.mean(np.abs(v)) if v.size else 0)
+    m = ns(x)
+    x = m.asarray(x)
+    v = x + m.asarray(residual, dtype=x.dtype)
+    packed = m.packbits(v >= 0)
+    scale = scalar(m.mean(m.abs(v)) if v.size else m.zeros((), x.dtype), x.dtype)
     new_residual = v - onebit_decompress(packed, scale, v.size)
     return packed, scale, new_residual
 
 
 def onebit_decompress(packed, scale, n):
     """The n values +scale (bit 1) / -scale (bit 0), in scale's dtype. (Exercise 10.4.)"""
-    scale = np.asarray(scale)
-    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n)
-    return np.where(bits.astype(bool), scale, -scale).astype(scale.dtype)
+    m = ns(packed)
+    scale = m.asarray(scale)
+    bits = unpack_bits(m.asarray(packed, dtype=np.uint8), n)
+    return m.where(bits.astype(bool), scale, -scale).astype(scale.dtype)
 
 
 # ----------------------------------------------------------------------------- int8
@@ -55,29 +82,32 @@ def int8_compress(x):
     """Symmetric 8-bit codes with one scale: (q, scale), x ~ q * scale.
 
     scale = max|x| / 127, q = round(x / scale) clipped to [-127, 127]; the error is at most
-    scale / 2 per element. An all-zero x has scale 0 and q all zero.
+    scale / 2 per element. An all-zero x has scale 0 and q all zero (x / 1 there: no
+    branch on the scale, which a device would have to send home to decide).
     """
-    x = np.asarray(x)
-    top = np.max(np.abs(x)) if x.size else 0
-    scale = x.dtype.type(top / 127)
-    if scale == 0:
-        return np.zeros(x.shape, np.int8), scale
-    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    m = ns(x)
+    x = m.asarray(x)
+    if not x.size:
+        return m.zeros(x.shape, np.int8), scalar(m.zeros((), x.dtype), x.dtype)
+    scale = scalar(m.max(m.abs(x)) / 127, x.dtype)
+    q = m.clip(m.rint(x / m.where(scale == 0, x.dtype.type(1), scale)), -127, 127).astype(np.int8)
     return q, scale
 
 
 def int8_decompress(q, scale):
     """q * scale, in scale's dtype."""
-    scale = np.asarray(scale)
-    return np.asarray(q).astype(scale.dtype) * scale
+    m = ns(q)
+    scale = m.asarray(scale)
+    return m.asarray(q).astype(scale.dtype) * scale
 
 
 # ----------------------------------------------------------------------------- messages
 
 def pack(scale, payload, dtype):
     """One uint8 message: the scale's bytes (in the gradients' dtype), then the payload's."""
-    head = np.asarray([scale], dtype=dtype).view(np.uint8)
-    return np.concatenate([head, np.ascontiguousarray(payload).reshape(-1).view(np.uint8)])
+    m = ns(payload)
+    head = m.asarray(scale, dtype=dtype).reshape(1).view(np.uint8)
+    return m.concatenate([head, m.ascontiguousarray(payload).reshape(-1).view(np.uint8)])
 
 
 def unpack(msg, dtype):
@@ -90,7 +120,7 @@ def unpack(msg, dtype):
 
 def _int8_encode(x, residual):
     q, scale = int8_compress(x)
-    return scale, np.asarray(q, np.int8), None
+    return scale, ns(q).asarray(q, np.int8), None
 
 
 def _int8_decode(payload, scale, n):

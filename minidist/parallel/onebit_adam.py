@@ -8,14 +8,17 @@ the two-phase exchange of minidist/parallel/compression.py on sign codes, with
 DeepSpeed's scales (one per worker over the whole buffer, one per server chunk) and error
 feedback on both sides. Bytes: plan.traffic.onebit_adam_sent. (Lesson 10 measures it
 beside "1bit", 1-bit GRADIENTS with error feedback.)
+
+On a device the momentum, the residuals and the codes stay on it (compressors.ns picks
+the array module); only the packed messages cross, staged by the comm layer for MPI.
 """
 import math
 
 import numpy as np
 
-from minidist.backend import to_numpy, xp
+from minidist.backend import xp
 from minidist.comm import all_to_all_v, chunk_bounds, ring_all_gather
-from minidist.parallel.compressors import onebit_decompress, pack, unpack
+from minidist.parallel.compressors import ns, onebit_decompress, pack, scalar, unpack, unpack_bits
 
 
 def scaled_sign(v):
@@ -24,9 +27,10 @@ def scaled_sign(v):
     and server_scale); a zero counts as +. Decompress with onebit_decompress. (The mean
     |v| of onebit_compress, exercise 10.3, is the scale that minimises the L2 error; the
     root mean square is DeepSpeed's, and what 1-bit Adam here uses.)"""
-    v = np.asarray(v)
-    scale = v.dtype.type(np.linalg.norm(v) / np.sqrt(v.size) if v.size else 0)
-    return np.packbits(v >= 0), scale
+    m = ns(v)
+    v = m.asarray(v)
+    scale = scalar(m.linalg.norm(v) / np.sqrt(v.size) if v.size else m.zeros((), v.dtype), v.dtype)
+    return m.packbits(v >= 0), scale
 
 
 def compressed_allreduce(comm, x, worker_error, server_error):
@@ -42,13 +46,14 @@ def compressed_allreduce(comm, x, worker_error, server_error):
               every server's chunk reaches every rank                 (ring_all_gather)
     Each message is [scale, packed signs]: bytes plan.traffic.onebit_adam_sent."""
     N, me = comm.Get_size(), comm.Get_rank()
-    dt = np.asarray(x).dtype
-    v = np.asarray(x) + worker_error
+    m = ns(x)
+    dt = m.asarray(x).dtype
+    v = m.asarray(x) + worker_error
     bits, s = scaled_sign(v)
-    worker_error[...] = v - np.where(v >= 0, s, -s)
+    worker_error[...] = v - m.where(v >= 0, s, -s)
     b = chunk_bounds(v.size, N)
-    signs = np.unpackbits(bits, count=v.size)
-    got = all_to_all_v(comm, [pack(s, np.packbits(signs[b[j]:b[j + 1]]), dt) for j in range(N)])
+    signs = unpack_bits(bits, v.size)
+    got = all_to_all_v(comm, [pack(s, m.packbits(signs[b[j]:b[j + 1]]), dt) for j in range(N)])
     mine, avg = b[me + 1] - b[me], 0
     for msg in got:                                   # every worker's piece of my chunk
         scale, payload = unpack(msg, dt)
@@ -56,9 +61,9 @@ def compressed_allreduce(comm, x, worker_error, server_error):
     avg = avg / N
     c = avg + server_error
     bits, s = scaled_sign(c)
-    server_error[...] = c - np.where(c >= 0, s, -s)
+    server_error[...] = c - m.where(c >= 0, s, -s)
     joined = ring_all_gather(comm, pack(s, bits, dt))
-    out, at, k = np.empty(v.size, dt), 0, dt.itemsize
+    out, at, k = m.empty(v.size, dt), 0, dt.itemsize
     for j in range(N):
         length = k + -(-(b[j + 1] - b[j]) // 8)
         scale, payload = unpack(joined[at:at + length], dt)
@@ -132,8 +137,8 @@ class OneBitAdam:
             if p.grad is not None:
                 m += (1.0 - b1) * xp.asarray(p.grad)
         # 2. the momenta averaged in 1 bit, with error feedback
-        flat = np.concatenate([to_numpy(self.inner.state[id(p)]["exp_avg"]).reshape(-1) if ok
-                               else np.zeros(p.data.size, self.dp.dtype)
+        flat = xp.concatenate([self.inner.state[id(p)]["exp_avg"].reshape(-1) if ok
+                               else xp.zeros(p.data.size, self.dp.dtype)
                                for (_, p), ok in zip(items, live)])
         avg, at = self.dp.allreduce_momentum(flat), 0
         for (g, p), ok in zip(items, live):                 # 3. AdamW's update, v frozen
@@ -143,7 +148,7 @@ class OneBitAdam:
             lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
             s = self.inner.state[id(p)]
             m = s["exp_avg"]
-            m[...] = xp.asarray(avg[at - m.size:at].reshape(m.shape))
+            m[...] = avg[at - m.size:at].reshape(m.shape)
             if wd:
                 p.data *= 1.0 - lr * wd
             denom = xp.sqrt(s["exp_avg_sq"]) * (1.0 / math.sqrt(1.0 - b2 ** s["v_step"])) + eps

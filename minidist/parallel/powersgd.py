@@ -17,10 +17,19 @@ such a column of Q is drawn again (from `seed`, the same on every rank).
 orthogonalize and powersgd_step are exercises (10.5 powersgd_step). LowRank, the
 exchange CompressedDataParallel("powersgd") uses, batches every matrix into one
 all-reduce and so does its own power iteration rather than call powersgd_step per matrix.
+
+On a device, M, P, Q and the errors live there and the products run there; what crosses
+is the two (three) all-reduces' buffers, staged by the comm layer, and once per step the
+few bytes that say which columns of Q died. The random Q's are drawn on the host (NumPy's
+generator: CuPy's draws other numbers) and copied over, at the start and when a column
+is drawn again. Gram-Schmidt has no branch on a device number: a column it zeroes is
+chosen by xp.where, not by an `if` that would read the norm on the host.
 """
 import numpy as np
 
+from minidist.backend import on_device, to_device, to_numpy, xp
 from minidist.comm import ring_all_reduce
+from minidist.parallel.compressors import ns
 from minidist.plan.traffic import powersgd_sent
 
 
@@ -33,18 +42,17 @@ def orthogonalize(P):
     deficient, is set to zero instead of divided by ~0: the product P @ P.T stays the
     projection onto P's column space.
     """
-    out = np.array(P, copy=True)
+    m = ns(P)
+    out = m.array(P, copy=True)
     eps = np.finfo(out.dtype).eps
     for i in range(out.shape[1]):
         col, before = out[:, i], out[:, :i]
-        start = np.linalg.norm(col)
+        start = m.linalg.norm(col)
         for _ in range(2):
             col -= before @ (before.T @ col)
-        norm = np.linalg.norm(col)
-        if norm <= 10 * out.shape[0] * eps * start:
-            col[:] = 0
-        else:
-            col /= norm
+        norm = m.linalg.norm(col)
+        dead = norm <= 10 * out.shape[0] * eps * start
+        col[...] = m.where(dead, 0, col / m.where(dead, 1, norm))
     return out
 
 
@@ -65,7 +73,8 @@ def powersgd_step(comm, M, Q):
 
 def _all_reduce_parts(comm, parts):
     """Sum {key: array} over ranks as one flat ring all-reduce; the same keys and shapes back."""
-    flat = ring_all_reduce(comm, np.concatenate([a.reshape(-1) for a in parts.values()]))
+    flat = ring_all_reduce(comm, ns(next(iter(parts.values()))).concatenate(
+        [a.reshape(-1) for a in parts.values()]))
     out, at = {}, 0
     for key, a in parts.items():
         out[key] = flat[at:at + a.size].reshape(a.shape)
@@ -94,9 +103,9 @@ class LowRank:
         rng = np.random.default_rng(seed)
         self.shapes = {i: shapes[i] for i in self.matrices}
         self.ranks = {i: min(rank, *shapes[i]) for i in self.matrices}
-        self.Q = {i: rng.standard_normal((shapes[i][1], self.ranks[i])).astype(dtype)
+        self.Q = {i: to_device(rng.standard_normal((shapes[i][1], self.ranks[i])).astype(dtype))
                   for i in self.matrices}
-        self.error = {i: np.zeros(shapes[i], dtype) for i in self.matrices}
+        self.error = {i: xp.zeros(shapes[i], dtype) for i in self.matrices}
 
     def average(self, comm, grads, step):
         """One power iteration for every matrix at once: all P's in one ring all-reduce,
@@ -112,26 +121,35 @@ class LowRank:
                 approx = P[i] @ self.Q[i].T / N
                 self.error[i] = M[i] - approx     # what this rank put in and the average lacks
                 out[i] = approx.reshape(grads[i].shape)
-                self.Q[i] = self._redraw_zero_columns(i, self.Q[i], step)
+            self._redraw_zero_columns(step)
         if self.vectors:
             avg = _all_reduce_parts(comm, {i: grads[i] for i in self.vectors})
             for i in self.vectors:
                 out[i] = avg[i] / N
         return out
 
-    def _redraw_zero_columns(self, i, Q, step):
+    def _redraw_zero_columns(self, step):
         """A column of P that orthogonalize() zeroed (this step's summed M had rank < r: a
         matrix fed by a layer norm's output, whose rows sum to zero, does at the start)
         makes a zero column of Q, and the warm start would keep it zero for good (a full-rank
         run would stop being exact): draw it again, from (seed, step, matrix), the same on
-        every rank, as the first Q was."""
-        dead = np.flatnonzero(~np.any(Q, axis=0))
-        if dead.size == 0:
-            return Q
-        Q = Q.copy()
-        fresh = np.random.default_rng([self.seed, step, i]).standard_normal(Q.shape)
-        Q[:, dead] = fresh[:, dead]
-        return Q
+        every rank, as the first Q was. Which columns died is read on the host in one
+        transfer for all matrices (a flag per column)."""
+        Q = self.Q
+        m = ns(Q[self.matrices[0]])
+        alive = to_numpy(m.concatenate([m.any(Q[i], axis=0) for i in self.matrices]))
+        at = 0
+        for i in self.matrices:
+            r = self.ranks[i]
+            dead = np.flatnonzero(~alive[at:at + r])
+            at += r
+            if dead.size == 0:
+                continue
+            fresh = np.random.default_rng([self.seed, step, i]).standard_normal(Q[i].shape)
+            if on_device(Q[i]):
+                fresh = to_device(fresh.astype(Q[i].dtype))
+            Q[i] = Q[i].copy()
+            Q[i][:, [int(c) for c in dead]] = fresh[:, [int(c) for c in dead]]
 
     def sent(self, size, rank):
         """Bytes this rank sends in one step (plan.traffic.powersgd_sent)."""
@@ -140,13 +158,14 @@ class LowRank:
         return powersgd_sent(matrices, vectors, size, rank, self.dtype.itemsize)
 
     def state_dict(self):
+        """Host arrays (a device's brought home, counted: a checkpoint is host data)."""
         d = {}
         for i in self.matrices:
-            d[f"powersgd.Q.{self.names[i]}"] = self.Q[i].copy()
-            d[f"powersgd.error.{self.names[i]}"] = self.error[i].copy()
+            d[f"powersgd.Q.{self.names[i]}"] = np.array(to_numpy(self.Q[i]))
+            d[f"powersgd.error.{self.names[i]}"] = np.array(to_numpy(self.error[i]))
         return d
 
     def load_state_dict(self, d):
         for i in self.matrices:
-            self.Q[i] = np.array(d[f"powersgd.Q.{self.names[i]}"], self.dtype)
-            self.error[i] = np.array(d[f"powersgd.error.{self.names[i]}"], self.dtype)
+            self.Q[i] = to_device(np.array(to_numpy(d[f"powersgd.Q.{self.names[i]}"]), self.dtype))
+            self.error[i] = to_device(np.array(to_numpy(d[f"powersgd.error.{self.names[i]}"]), self.dtype))
