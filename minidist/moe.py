@@ -287,7 +287,7 @@ class StackedLinear(Module):
         dt = dtype_of(dtype)
         rng = rng if rng is not None else numpy.random.default_rng(0)
         w = rng.normal(0.0, 0.02, size=(n_expert, in_features, out_features))
-        self.weight = Parameter(xp.asarray(w, dtype=dt))
+        self.weight = Parameter(to_device(w, dtype=dt))
         self.bias = Parameter(xp.zeros((n_expert, out_features), dt)) if bias else None
 
 

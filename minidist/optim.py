@@ -10,7 +10,7 @@ AdamW keeps two arrays per parameter (exp_avg, exp_avg_sq): `state_bytes()` is t
 """
 import math
 
-from minidist.backend import xp
+from minidist.backend import to_numpy, xp
 
 
 class Optimizer:
@@ -159,7 +159,7 @@ def grad_norm_sq(params):
     parts = [xp.vdot(p.grad.ravel(), p.grad.ravel()) for p in params if p.grad is not None]
     if not parts:
         return 0
-    return float(xp.cumsum(xp.stack(parts).astype(xp.float64))[-1])
+    return float(to_numpy(xp.cumsum(xp.stack(parts).astype(xp.float64))[-1]))   # one float home
 
 
 def clip_grad_norm(params, max_norm, norm_sq=None):

@@ -76,7 +76,7 @@ import math
 import numpy as np
 
 from minidist import tensor as _tensor
-from minidist.backend import on_device, xp
+from minidist.backend import on_device, to_numpy, xp
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -313,7 +313,7 @@ def unscale_grads(grads, scale):
     if not finite:
         return out, False
     m = xp if on_device(finite[0]) else np
-    return out, not bool(m.all(m.stack(finite)))
+    return out, not bool(to_numpy(m.all(m.stack(finite))))       # one flag home
 
 
 def update_scale(scale, good_steps, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):

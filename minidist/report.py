@@ -51,7 +51,6 @@ def _plain(x):
 # PCIe 4.0 x16: 16 GT/s per lane x 16 lanes, 128b/130b encoding: 31.5 GB/s each way (the
 # PCI-SIG's PCIe 4.0 base specification); copies reach about 25 GB/s of it in practice, the
 # round figure the lessons' texts price transfers at (this project's choice)
-PCIE4_X16_BYTES_PER_S = 16e9 * 16 * 128 / 130 / 8
 PCIE4_X16_PRACTICAL_BYTES_PER_S = 25e9
 
 

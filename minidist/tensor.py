@@ -35,7 +35,7 @@ import contextlib
 
 import numpy
 
-from minidist.backend import to_numpy, xp
+from minidist.backend import to_device, to_numpy, xp
 from minidist.context import MEMORY, Context  # noqa: F401  (MEMORY is re-exported)
 
 # ----------------------------------------------------------------------------- switches
@@ -231,7 +231,7 @@ class Tensor:
     def __init__(self, data, requires_grad=False):
         if isinstance(data, Tensor):
             data = data.data
-        self.data = data if isinstance(data, xp.ndarray) else xp.asarray(data)
+        self.data = data if isinstance(data, xp.ndarray) else to_device(data)
         self.grad = None
         self._node = None
         self._slot = 0
@@ -361,7 +361,7 @@ class Tensor:
             return Tensor(xp.full((), other, dtype=xp.float64))   # int tensor * 0.5 is 0.5 x, not 0 x
         if isinstance(other, (int, float, numpy.generic)):    # a scalar: filled in on the device
             return Tensor(xp.full((), other, dtype=self.dtype))   # python scalars keep our dtype
-        return Tensor(xp.asarray(other, dtype=self.dtype))
+        return Tensor(to_device(other, dtype=self.dtype))
 
     def __add__(self, o): return _ops().add(self, self._lift(o))
     def __radd__(self, o): return _ops().add(self._lift(o), self)

@@ -9,7 +9,7 @@ host<->device bytes, every other figure equals the CPU's, and no line is wider t
 saves starting Python, NumPy and MPI fourteen times over.
 
 Rank 0 writes {lesson: {"match": bool, "figures": {...}, "widest": line}} (figures as the
-lesson's --json holds them; the widest line the lesson printed, as it built it: the lines of
+lesson's --json holds them, with its memory by category and its bytes sent beside them; the widest line the lesson printed, as it built it: the lines of
 a class's terminal stay within 100 columns). A lesson that raises ends the whole job with its traceback (minidist's fail-fast),
 as it would alone.
 """
@@ -70,7 +70,9 @@ def main(out_path, only=()):
             with cli.running(comm) as said:     # a lesson that raises ends the job (fail-fast)
                 mod.main(args)
             report = said.reports[-1]
-            results[lesson] = {"match": bool(report.get("match")), "figures": report.get("figures") or {},
+            figures = dict(report.get("figures") or {}, memory=report.get("memory") or {},
+                           comm=report.get("comm") or {})     # bytes by category, bytes sent
+            results[lesson] = {"match": bool(report.get("match")), "figures": figures,
                                "widest": max(said.lines, key=len, default=""),
                                "seconds": time.perf_counter() - start}
         if comm is not world:

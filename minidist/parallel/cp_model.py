@@ -32,7 +32,7 @@ tokens cross (in GPT.forward); my positions are made on the device from the host
 chunk bounds (nothing copied); the loss's sum over the group is minidist.comm's
 all-reduce of one number (staged through the host: 8 bytes each way).
 """
-from minidist.backend import to_numpy, xp
+from minidist.backend import to_device, to_numpy, xp
 from minidist.comm import all_reduce
 from minidist.parallel.context_parallel import (ContextParallelAttention, CPError, check_variant,
                                                 rank_positions, rank_ranges)
@@ -65,7 +65,7 @@ class PositionsRNG:
     mask one process draws and keeps the columns of my positions (axis 1)."""
 
     def __init__(self, rng, seq, positions):
-        self.rng, self.seq, self.positions = rng, seq, xp.asarray(positions)
+        self.rng, self.seq, self.positions = rng, seq, to_device(positions)
 
     def mask(self, shape, p, dtype):
         whole = self.rng.mask((shape[0], self.seq) + tuple(shape[2:]), p, dtype)

@@ -84,7 +84,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from minidist.backend import to_numpy, xp
+from minidist.backend import to_device, to_numpy, xp
 from minidist.nn import Parameter
 from minidist.optim import AdamW
 
@@ -210,7 +210,7 @@ class DiskStore:
     # -- moving bytes, counted
     def read(self, kind, lo, hi, out):
         """File elements lo:hi into `out` (a buffer, host or device)."""
-        out[...] = self.maps[kind][lo:hi] if xp is np else xp.asarray(self.maps[kind][lo:hi])
+        out[...] = self.maps[kind][lo:hi] if xp is np else to_device(self.maps[kind][lo:hi])
         self.stats["bytes_read"] += out.nbytes
         by = self.stats["read_by_kind"]
         by[kind] = by.get(kind, 0) + out.nbytes

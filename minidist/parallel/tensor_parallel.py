@@ -43,7 +43,7 @@ The files of tensor parallelism, each one layer of the story:
 import numpy as np
 
 from minidist import ops
-from minidist.backend import xp
+from minidist.backend import to_device, xp
 from minidist.comm import all_reduce, chunk_bounds
 from minidist.nn import Module
 from minidist.plan.rules import padded_vocab   # the planner counts the same padding (plan/rules.py)
@@ -366,7 +366,7 @@ class VocabParallelCrossEntropy(Function):
 
 
 def vocab_parallel_cross_entropy(logits, targets, lo, vocab_size, comm):
-    return VocabParallelCrossEntropy.apply(logits, targets=xp.asarray(targets), lo=lo,
+    return VocabParallelCrossEntropy.apply(logits, targets=to_device(targets), lo=lo,
                                            vocab_size=vocab_size, comm=comm)
 
 

@@ -43,7 +43,7 @@ MoE is refused: each rank would route only its slice of the sequence.
 import numpy as np
 
 from minidist import ops, recompute
-from minidist.backend import on_device, to_numpy, xp
+from minidist.backend import on_device, to_device, to_numpy, xp
 from minidist.model import GPT, KVCache, check_positions
 from minidist.moe import MoEMLP
 from minidist.nn import Module, ModuleDict, ModuleList, Parameter
@@ -284,7 +284,7 @@ class TensorParallelGPT(Module):
         generation feeds one token, which cannot be cut along the sequence, so it runs
         plain tensor parallelism (f and g) even in a sequence-parallel model. positions:
         the global position of each column of idx (as GPT.forward's; default 0..T-1)."""
-        idx = xp.asarray(idx)
+        idx = to_device(idx)
         B, T = idx.shape
         first = check_positions(self, T, cache)
         if rng is None and self.training and self.dropout > 0:
@@ -292,7 +292,7 @@ class TensorParallelGPT(Module):
             self._calls += 1
         tr, comm, sp = self.transformer, self.comm, self.sequence_parallel and cache is None
         tok = tr.wte(idx)                                     # (B, T, C), zero for others' ids
-        where = xp.arange(first, first + T) if positions is None else xp.asarray(positions)
+        where = xp.arange(first, first + T) if positions is None else to_device(positions)
         if sp:
             lo, hi = sequence_bounds(T, comm)
             seq = (T, lo, hi)
@@ -326,7 +326,7 @@ class TensorParallelGPT(Module):
         """Token + position embeddings and their dropout, without sequence parallelism:
         (B, T) ids -> (B, T, C), whole on every rank (g sums the vocabulary ranges' lookups)."""
         tr, T = self.transformer, idx.shape[1]
-        tok = leave_region(tr.wte(xp.asarray(idx)), self.comm, False)   # (B, T, C)
+        tok = leave_region(tr.wte(to_device(idx)), self.comm, False)   # (B, T, C)
         x = tok + tr.wpe(xp.arange(T))
         # wpe's flag: a stage's train()/eval() reaches the modules it holds, not this model
         return sequence_dropout(x, self.dropout if tr.wpe.training else 0.0, rng, None)
