@@ -725,6 +725,22 @@ class cuda:  # noqa: N801  (spelled as cupy.cuda)
         return False
 
 
+class CudaAwareComm:
+    """A stand-in for a CUDA-aware MPI, for tests of the direct path only: `comm`'s methods
+    called with the double's device buffers read and write their memory, as such an MPI reads a
+    GPU's. Anyone else handing a DeviceArray to MPI is refused."""
+
+    def __init__(self, comm):
+        self._comm = comm
+
+    def __getattr__(self, name):
+        method = getattr(self._comm, name)
+        if not callable(method):
+            return method
+        mem = lambda v: v._a if isinstance(v, DeviceArray) else v   # noqa: E731
+        return lambda *a, **k: method(*map(mem, a), **{n: mem(v) for n, v in k.items()})
+
+
 def __getattr__(name):
     """Every other NumPy name, on device arrays (cached after the first look-up)."""
     if name in REFUSED:

@@ -47,7 +47,7 @@ else:
     from mpi4py import MPI
 
     import minidist.comm as c
-    from minidist import backend, transfers
+    from minidist import backend, strict, transfers
     from minidist.backend import on_device, to_device, to_numpy
     from minidist.comm import staging, stats
     from minidist.comm.nonblocking import ring_all_gather_start, ring_reduce_scatter_start
@@ -127,24 +127,10 @@ else:
         with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
             c.mpi_all_reduce.__wrapped__(SELF, x)
 
-    class CudaAware:
-        """COMM_SELF as a CUDA-aware MPI sees device buffers: it reads the double's memory
-        (a stand-in for the test only; the double refuses anyone else)."""
-
-        def __init__(self, comm):
-            self._comm = comm
-
-        def __getattr__(self, name):
-            method = getattr(self._comm, name)
-            if not callable(method):
-                return method
-            mem = lambda v: v._a if isinstance(v, backend.xp.ndarray) else v   # noqa: E731
-            return lambda *a, **k: method(*map(mem, a), **{n: mem(v) for n, v in k.items()})
-
     @pytest.mark.skipif(DEVICE != "strict", reason="simulates a CUDA-aware MPI on the double")
     def test_the_direct_path_copies_nothing_to_the_host(monkeypatch):
         monkeypatch.setattr(staging, "DIRECT", True)
-        comm, x = CudaAware(SELF), to_device(HOST)
+        comm, x = strict.CudaAwareComm(SELF), to_device(HOST)
         before = transfers.snapshot()
         got = c.mpi_all_reduce(comm, x)                     # MPI reads x's copy, writes out
         ring = c.ring_all_reduce(comm, x)                   # one rank: no message at all

@@ -202,12 +202,7 @@ def test_strict_catches_pipeline_parallel():
 from minidist.backend import on_device, to_numpy, xp
 from minidist.comm import staging
 from minidist.parallel import pipeline_parallel as pp
-class CudaAware:                     # COMM_SELF reading the double's memory: a CUDA-aware MPI's stand-in
-    def __init__(self, comm):
-        self._comm = comm
-    def __getattr__(self, name):
-        mem = lambda v: v._a if isinstance(v, xp.ndarray) else v
-        return lambda *a, **k: getattr(self._comm, name)(*map(mem, a), **k)
+from minidist.strict import CudaAwareComm as CudaAware   # a CUDA-aware MPI's stand-in
 def sent_to_self(comm=MPI.COMM_SELF):   # an activation through the pipeline's own exchange, to this rank
     act = xp.arange(24, dtype=xp.float64).reshape(2, 3, 4)
     before = transfers.snapshot()
@@ -473,12 +468,8 @@ def ring_pass():                     # my K block around a ring of one: sent to 
 ulysses = cp.ContextParallelAttention(MPI.COMM_SELF, "ulysses", ranges=[[(0, 2), (2, 6)]])
 to_heads = lambda: ulysses._seq_to_heads(k)   # tokens of every head -> every token of my heads
 clean = {"ring": catch(ring_pass), "ulysses": catch(to_heads)}
-class CudaAware:                     # COMM_SELF as a CUDA-aware MPI: it reads the double's memory
-    def __getattr__(self, name):
-        mem = lambda v: v._a if isinstance(v, xp.ndarray) else v
-        method = getattr(MPI.COMM_SELF, name)
-        return lambda *a, **k: method(*map(mem, a), **{n: mem(v) for n, v in k.items()})
-cp.staging.DIRECT, ring.comm = True, CudaAware()
+from minidist.strict import CudaAwareComm   # COMM_SELF as a CUDA-aware MPI's stand-in
+cp.staging.DIRECT, ring.comm = True, CudaAwareComm(MPI.COMM_SELF)
 direct = catch(ring_pass)            # the direct path: device buffers, nothing through the host
 direct["mpi_device"] = transfers.BYTES["mpi_device"]
 cp.staging.DIRECT, ring.comm = False, MPI.COMM_SELF

@@ -18,7 +18,7 @@ if os.environ.get("MINIDIST_DEVICE", "cpu").lower() == "cpu":
     pytest.skip("needs MINIDIST_DEVICE=strict (tests/test_strict_comm.py runs it so)",
                 allow_module_level=True)
 
-from minidist import backend, transfers  # noqa: E402
+from minidist import backend, strict, transfers  # noqa: E402
 from minidist.backend import on_device, to_device, to_numpy  # noqa: E402
 import minidist.comm as c  # noqa: E402
 from minidist.comm import staging, stats  # noqa: E402
@@ -98,26 +98,11 @@ def test_staged(comm, name):
         f"{name} on rank {comm.Get_rank()}: staged {moved}; in {given} B, out {_nbytes(want)} B"
 
 
-class CudaAware:
-    """A communicator that reads and writes the double's device memory, as a CUDA-aware MPI
-    does a GPU's (a stand-in for this test only; the double refuses anyone else)."""
-
-    def __init__(self, comm):
-        self._comm = comm
-
-    def __getattr__(self, name):
-        method = getattr(self._comm, name)
-        if not callable(method):
-            return method
-        mem = lambda v: v._a if isinstance(v, backend.xp.ndarray) else v   # noqa: E731
-        return lambda *a, **k: method(*map(mem, a), **{n: mem(v) for n, v in k.items()})
-
-
 @pytest.mark.skipif(backend.DEVICE != "strict", reason="simulates a CUDA-aware MPI on the double")
 @pytest.mark.parametrize("name", NAMES)
 def test_direct(comm, name, monkeypatch):
     monkeypatch.setattr(staging, "DIRECT", True)
-    _, _, counted, moved = _run_both(CudaAware(comm), name)
+    _, _, counted, moved = _run_both(strict.CudaAwareComm(comm), name)
     data = sum(row["bytes_sent"] + row["bytes_recv"] for k, row in counted.items() if k != "check")
     assert moved == {"d2h": 0, "h2d": 0, "mpi_device": data}, \
         f"{name} on rank {comm.Get_rank()}: direct {moved}; MPI moved {data} B of device memory"
