@@ -20,6 +20,10 @@ has no hidden host/device mix on the lines it ran. On cpu nothing moves or is co
 import os
 
 import numpy
+# NumPy imports numpy.random on its first use, and the code Cython generates for its modules
+# ends in a bare `except: pass`: a Ctrl-C that lands in that import is swallowed (seen here,
+# the first time a model was built). Imported now, before any run has begun.
+import numpy.random  # noqa: F401
 
 from minidist import transfers
 

@@ -95,12 +95,12 @@ class WeightGrad:
     its parts in the plain backward's order. While it waits, grad's bytes count in MEMORY
     beside the saved arrays: both are held until W runs, a split backward's price.
     """
-    __slots__ = ("fn", "ctx", "grad", "params", "_bytes")
+    __slots__ = ("fn", "ctx", "grad", "params", "_bytes", "__weakref__")
 
     def __init__(self, fn, ctx, grad, params):
         self.fn, self.ctx, self.grad, self.params = fn, ctx, grad, params
         self._bytes = grad.nbytes
-        MEMORY.add(self._bytes)
+        MEMORY.hold(self, self._bytes)            # settled by MEMORY if dropped without running
 
     def run(self, owned):
         """Compute, add into .grad (in input order, as the plain backward does), free."""
@@ -110,12 +110,8 @@ class WeightGrad:
         if self.ctx is not None:
             self.ctx.release()
         self.grad, self.params = None, ()
-        MEMORY.add(-self._bytes)
+        MEMORY.free(self)
         self._bytes = 0
-
-    def __del__(self):                            # dropped without running
-        if self._bytes:
-            MEMORY.add(-self._bytes)
 
 
 def run_weight_grads(later):

@@ -1,4 +1,6 @@
 """The engine: backward from any tensor, accumulation, no_grad, hooks, the memory meter."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,20 @@ def test_removing_one_of_two_registrations_of_the_same_function_keeps_the_other(
     h.remove()
     (w * 2.0).sum().backward()
     assert calls == [1]
+
+
+def test_dropping_a_graph_runs_no_python_code():
+    """Python swallows an exception raised in a finaliser, so a Ctrl-C that landed in a
+    `__del__` was lost; the meter settles a dropped graph's bytes without one."""
+    start = MEMORY.live_bytes
+    x = Tensor(np.ones((10, 10)), requires_grad=True)
+    y = ops.gelu(ops.gelu(x * 2.0) @ x).sum()             # several nodes hold saved arrays
+    assert MEMORY.live_bytes > start
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_qualname) if event == "call" else None)
+    try:
+        del y
+    finally:
+        sys.setprofile(None)
+    assert calls == [], f"dropping the graph ran {calls}"
+    assert MEMORY.live_bytes == start
