@@ -244,10 +244,11 @@ def describe(m):
 
 
 def ratio_words(model, measured):
-    """' (model / measured = 1.4)', or '' when either is missing."""
+    """' (model / measured 1.4)', or '' when either is missing; three figures at most
+    ('1.26e+04'), so that a line of a noisy run stays within 100 columns."""
     if model is None or measured is None:
         return ""
-    return f" (model / measured = {model / measured:.2f})"
+    return f" (model / measured {model / measured:.3g})"
 
 
 def plan_words(plan):
