@@ -154,7 +154,7 @@ def main(argv=None):
         bw = {k: nbytes / t[k] / 1e9 * busf for k in t}
         say(f"  {nbytes:>10} {count:>10} {t['ring'] * 1e6:9.1f} {bw['ring']:6.2f} "
             f"{t['auto'] * 1e6:9.1f} {bw['auto']:6.2f} {SHORT[picked]:>5} {t['mpi'] * 1e6:9.1f} "
-            f"{bw['mpi']:6.2f} {t['ring'] / t['mpi']:8.2f} {t['auto'] / t['mpi']:8.2f}")
+            f"{bw['mpi']:6.2f} {t['ring'] / t['mpi']:8.3g} {t['auto'] / t['mpi']:8.3g}")
         rows.append({"size_bytes": nbytes, "count": count, "dtype": dtype.name,
                      **{f"{k}_us": v * 1e6 for k, v in t.items()}, "auto_algorithm": picked})
         measured.append(t)
@@ -178,9 +178,8 @@ def calibrate(comm, say):
     where = tuning.save(constants, n, library()) \
         if comm.Get_rank() == 0 else None
     comm.Barrier()                      # stored before any rank reads it
-    say(f"calibrated on {n} ranks: alpha {constants['alpha'] * 1e6:.2f} us per message, "
-        f"beta {constants['beta'] * 1e9:.4f} ns per byte, "
-        f"gamma {constants['gamma'] * 1e9:.4f} ns per byte")
+    say(f"calibrated on {n} ranks: alpha {constants['alpha'] * 1e6:.3g} us per message, "
+        f"beta {constants['beta'] * 1e9:.3g} ns/B, gamma {constants['gamma'] * 1e9:.3g} ns/B")
     say(f"stored in {where}")
     from minidist.plan.collectives import cheapest, crossovers
     a, b, g = constants["alpha"], constants["beta"], constants["gamma"]

@@ -25,7 +25,7 @@ import time
 
 import numpy
 
-from minidist.cli import json_problem, positive_float
+from minidist.cli import json_problem, positive_float, positive_int
 
 DEVICES = ("cpu", "cuda", "strict")
 
@@ -126,7 +126,7 @@ def select_device(flag):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m minidist.bench model", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=10, help="timed steps (each framework)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps (each framework)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--no-torch", action="store_true", help="time minidist alone")

@@ -244,11 +244,11 @@ def describe(m):
 
 
 def ratio_words(model, measured):
-    """' (model / measured 1.4)', or '' when either is missing; three figures at most
+    """' (model/measured 1.4)', or '' when either is missing; three figures at most
     ('1.26e+04'), so that a line of a noisy run stays within 100 columns."""
     if model is None or measured is None:
         return ""
-    return f" (model / measured {model / measured:.3g})"
+    return f" (model/measured {model / measured:.3g})"
 
 
 def plan_words(plan):

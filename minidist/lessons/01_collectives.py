@@ -388,7 +388,7 @@ def alpha_beta(comm, n, M, repeats):
                     + [f"{model[k] * 1e3:.3f} / {got[k] * 1e3:.3f}" for k in names]
                     + [f"{best(model)} / {best(got)}"])
     harness.table(rows, header=["M", "ring ms (model / measured)", "Rabenseifner", "rec. doubling",
-                                "fastest (model / measured)"])
+                                "fastest"])
     say("  crossovers: below M the first is faster, above it the second")
     cross, agree = {}, []
     rows = []

@@ -79,7 +79,7 @@ def draw_units(events, names, width=60):
         say(f"  {name:<9}|{''.join(rows[u])}|")
     say(f"  {'':<9} 0 ms{'':>{width - 12}}{span * 1e3:6.1f} ms")
     say("  G gather  W wait for a prefetch  p prefetch starts  - gathered (its forward or backward runs;\n"
-        f"  at least one cell, {span * 1e3 / width:.1f} ms, even when it ran shorter)  R reduce-scatter of its "
+        f"  at least one cell, {span * 1e3 / width:.1f} ms, even if shorter)  R reduce-scatter of its "
         "gradients  . freed")
 
 
