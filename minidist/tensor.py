@@ -95,12 +95,11 @@ class WeightGrad:
     its parts in the plain backward's order. While it waits, grad's bytes count in MEMORY
     beside the saved arrays: both are held until W runs, a split backward's price.
     """
-    __slots__ = ("fn", "ctx", "grad", "params", "_bytes", "__weakref__")
+    __slots__ = ("fn", "ctx", "grad", "params", "__weakref__")
 
     def __init__(self, fn, ctx, grad, params):
         self.fn, self.ctx, self.grad, self.params = fn, ctx, grad, params
-        self._bytes = grad.nbytes
-        MEMORY.hold(self, self._bytes)            # settled by MEMORY if dropped without running
+        MEMORY.hold(self, grad.nbytes)            # settled by MEMORY if dropped without running
 
     def run(self, owned):
         """Compute, add into .grad (in input order, as the plain backward does), free."""
@@ -111,7 +110,6 @@ class WeightGrad:
             self.ctx.release()
         self.grad, self.params = None, ()
         MEMORY.free(self)
-        self._bytes = 0
 
 
 def run_weight_grads(later):
